@@ -1,0 +1,102 @@
+"""``python -m poller.sandbox``: a local Kubernetes control plane for people.
+
+``up`` builds (or reuses) the binaries, starts the plane in the background and
+prints the kubeconfig and how to use it; ``status`` says what runs; ``down``
+stops it. The processes outlive this command: their PIDs are in the work
+directory's ``state.json``, which is what ``down`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from poller.sandbox import build
+from poller.sandbox.controlplane import ControlPlane, ControlPlaneError
+
+DEFAULT_WORKDIR = Path(os.environ.get("LMEVAL_SANDBOX_DIR", "/tmp/lmeval-sandbox"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    workdir: Path = args.workdir
+    state = ControlPlane.read_state(workdir)
+    if state and any(_alive(int(pid)) for pid in state["pids"].values()):
+        print(f"a sandbox already runs in {workdir}; `python -m poller.sandbox down` first")
+        return 1
+    plane = ControlPlane(workdir, kwok_nodes=args.nodes, die_with_parent=False)
+    try:
+        plane.start()
+    except ControlPlaneError as error:
+        print(f"sandbox failed to start: {error}", file=sys.stderr)
+        return 1
+    kubectl = plane.binaries / "kubectl" if plane.binaries else "kubectl"
+    times = plane.times
+    print(f"control plane ready in {times.total:.1f} s (binaries {times.binaries:.1f} s)")
+    print(f"  kubeconfig: {plane.kubeconfig}")
+    print(f"  server:     {plane.server}")
+    print(f"  logs:       {plane.logs_dir}")
+    print(f"  audit log:  {plane.audit.path}")
+    print("use it:")
+    print(f"  export KUBECONFIG={plane.kubeconfig}")
+    print(f"  {kubectl} get nodes")
+    print("stop it:")
+    print("  python -m poller.sandbox down")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    if ControlPlane.read_state(args.workdir) is None:
+        print(f"no sandbox state in {args.workdir}")
+        return 0
+    ControlPlane(args.workdir).stop()
+    print("sandbox stopped")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state = ControlPlane.read_state(args.workdir)
+    if state is None:
+        print(f"no sandbox in {args.workdir}")
+        return 1
+    alive = {name: _alive(int(pid)) for name, pid in state["pids"].items()}
+    for name, ok in alive.items():
+        print(f"  {name:<24} {'running' if ok else 'stopped'} (pid {state['pids'][name]})")
+    print(f"kubeconfig: {state['kubeconfig']}")
+    return 0 if all(alive.values()) else 1
+
+
+def cmd_build(_: argparse.Namespace) -> int:
+    print(build.ensure_binaries())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m poller.sandbox", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
+                        help="where state, PKI, logs and etcd data live (default: %(default)s)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start a control plane in the background")
+    up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create")
+    up.set_defaults(func=cmd_up)
+    commands.add_parser("down", help="stop it").set_defaults(func=cmd_down)
+    commands.add_parser("status", help="show what runs").set_defaults(func=cmd_status)
+    commands.add_parser("build", help="build or find the binaries, print their directory"
+                        ).set_defaults(func=cmd_build)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Build (or find) the control-plane binaries the sandbox runs.
+
+The machines this project is developed and tested on have no container engine
+and no download sites, only the Go module proxy. So the upstream components
+are compiled from their published Go modules (`deploy/sandbox/controlplane`
+and `deploy/sandbox/kwok`) and cached *outside* the clone, keyed by a hash of
+everything that determines the output: the module files, the link flags and
+the Go version. A second run on the same machine is instant; a fresh machine,
+or a changed pin, rebuilds. A directory of ready binaries can be supplied
+instead (``LMEVAL_SANDBOX_BIN``, or envtest's ``KUBEBUILDER_ASSETS`` when it
+holds every binary), in which case nothing is built.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["BINARIES", "KWOK_CRD_FILES", "binaries_dir", "cache_root", "ensure_binaries"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODULES_DIR = REPO_ROOT / "deploy" / "sandbox"
+CONTROLPLANE_MODULE = MODULES_DIR / "controlplane"
+KWOK_MODULE = MODULES_DIR / "kwok"
+
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+)
+# kwok's own CRDs for pod logs and exec; they ship in kwok's module zip and are
+# applied to the apiserver before kwok starts watching them.
+KWOK_CRD_FILES = (
+    "kwok.x-k8s.io_logs.yaml",
+    "kwok.x-k8s.io_clusterlogs.yaml",
+    "kwok.x-k8s.io_execs.yaml",
+    "kwok.x-k8s.io_clusterexecs.yaml",
+)
+
+
+def _required_version(module_dir: Path, module: str) -> str:
+    text = (module_dir / "go.mod").read_text()
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
+    if not match:
+        raise RuntimeError(f"{module} is not required in {module_dir / 'go.mod'}")
+    return match.group(1)
+
+
+def kubernetes_version() -> str:
+    """The pinned Kubernetes release, read from the wrapper module."""
+    return _required_version(CONTROLPLANE_MODULE, "k8s.io/kubernetes")
+
+
+def _controlplane_ldflags() -> str:
+    version = kubernetes_version()
+    major, minor = version.lstrip("v").split(".")[:2]
+    prefix = "k8s.io/component-base/version"
+    # -X makes /version report the pinned release instead of v0.0.0.
+    return " ".join(
+        [
+            "-s -w",
+            f"-X {prefix}.gitVersion={version}",
+            f"-X {prefix}.gitMajor={major}",
+            f"-X {prefix}.gitMinor={minor}",
+            f"-X {prefix}.gitTreeState=clean",
+        ]
+    )
+
+
+def _kwok_ldflags() -> str:
+    version = _required_version(KWOK_MODULE, "sigs.k8s.io/kwok").lstrip("v")
+    return f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={version}"
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError("the Go toolchain is needed to build the sandbox binaries (`go` not found)")
+    return go
+
+
+def cache_root() -> Path:
+    """Where builds are cached: ``LMEVAL_SANDBOX_CACHE`` or ``~/.cache/lmeval-poller``."""
+    explicit = os.environ.get("LMEVAL_SANDBOX_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lmeval-poller"
+
+
+def _build_key() -> str:
+    digest = hashlib.sha256()
+    for module in (CONTROLPLANE_MODULE, KWOK_MODULE):
+        for name in ("go.mod", "go.sum"):
+            digest.update(name.encode())
+            digest.update((module / name).read_bytes())
+    digest.update(_controlplane_ldflags().encode())
+    digest.update(_kwok_ldflags().encode())
+    go_version = subprocess.run(
+        [_go(), "env", "GOVERSION"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    digest.update(go_version.encode())
+    return digest.hexdigest()[:16]
+
+
+def binaries_dir() -> Path:
+    """The cache directory for the current module files (it may not exist yet)."""
+    return cache_root() / f"bin-{_build_key()}"
+
+
+def _override_dir() -> Path | None:
+    for variable in ("LMEVAL_SANDBOX_BIN", "KUBEBUILDER_ASSETS"):
+        value = os.environ.get(variable)
+        if not value:
+            continue
+        directory = Path(value)
+        missing = [name for name in BINARIES if not (directory / name).is_file()]
+        if variable == "KUBEBUILDER_ASSETS" and missing:
+            # envtest's assets hold only etcd/kube-apiserver/kubectl: not enough.
+            print(
+                f"KUBEBUILDER_ASSETS={value} lacks {', '.join(missing)}; building instead",
+                file=sys.stderr,
+            )
+            continue
+        if missing:
+            raise RuntimeError(f"{variable}={value} lacks {', '.join(missing)}")
+        return directory
+    return None
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run_go(args: list[str], cwd: Path, log: Path) -> None:
+    with log.open("a") as out:
+        out.write(f"$ go {' '.join(args)}  (in {cwd})\n")
+        out.flush()
+        result = subprocess.run([_go(), *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        raise RuntimeError(f"go {args[0]} failed in {cwd}; last lines of {log}:\n" + "\n".join(tail))
+
+
+def _kwok_module_dir(log: Path) -> Path:
+    version = _required_version(KWOK_MODULE, "sigs.k8s.io/kwok")
+    out = subprocess.run(
+        [_go(), "mod", "download", "-json", f"sigs.k8s.io/kwok@{version}"],
+        cwd=KWOK_MODULE,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        log.open("a").write(out.stdout + out.stderr)
+        raise RuntimeError(f"cannot download sigs.k8s.io/kwok@{version}: {out.stderr.strip()}")
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+def _copy_kwok_crds(target: Path, log: Path) -> None:
+    source = _kwok_module_dir(log) / "kustomize" / "crd" / "bases"
+    (target / "crds").mkdir(exist_ok=True)
+    for name in KWOK_CRD_FILES:
+        shutil.copyfile(source / name, target / "crds" / name)
+
+
+def _build(target: Path) -> float:
+    started = time.monotonic()
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    log = target.with_name(target.name + ".build.log")
+    log.write_text("")
+    print(f"building control-plane binaries into {target} (log: {log})", file=sys.stderr)
+    _run_go(
+        ["build", "-ldflags", _controlplane_ldflags(), "-o", f"{staging}/", "tool"],
+        CONTROLPLANE_MODULE,
+        log,
+    )
+    # etcd's main package is go.etcd.io/etcd/server/v3, so Go names it "server".
+    (staging / "server").rename(staging / "etcd")
+    _run_go(["build", "-ldflags", _kwok_ldflags(), "-o", f"{staging}/", "tool"], KWOK_MODULE, log)
+    _copy_kwok_crds(staging, log)
+    missing = [name for name in BINARIES if not (staging / name).is_file()]
+    if missing:
+        raise RuntimeError(f"build finished without {', '.join(missing)}; see {log}")
+    elapsed = time.monotonic() - started
+    (staging / "BUILD_INFO.json").write_text(
+        json.dumps({"kubernetes": kubernetes_version(), "build_seconds": round(elapsed, 1)})
+    )
+    staging.rename(target)
+    return elapsed
+
+
+def ensure_binaries() -> Path:
+    """Return a directory holding every binary in `BINARIES` plus kwok's CRDs.
+
+    Builds at most once per set of module files; concurrent callers wait on
+    a lock instead of building twice.
+    """
+    override = _override_dir()
+    if override is not None:
+        if not (override / "crds").is_dir():
+            log = cache_root() / "kwok-crds.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            crd_dir = cache_root() / "kwok-crds"
+            crd_dir.mkdir(parents=True, exist_ok=True)
+            _copy_kwok_crds(crd_dir, log)
+        return override
+    target = binaries_dir()
+    if target.is_dir():
+        return target
+    with _locked(cache_root() / "build.lock"):
+        if target.is_dir():
+            return target
+        elapsed = _build(target)
+        print(f"control-plane binaries built in {elapsed:.0f} s (cold)", file=sys.stderr)
+    return target
+
+
+def kwok_crds_dir(binaries: Path) -> Path:
+    """Where kwok's CRDs live for a given binaries directory."""
+    if (binaries / "crds").is_dir():
+        return binaries / "crds"
+    return cache_root() / "kwok-crds" / "crds"
+
+
+if __name__ == "__main__":
+    print(ensure_binaries())

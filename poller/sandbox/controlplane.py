@@ -1,0 +1,532 @@
+"""Start and stop a real Kubernetes control plane made of local processes.
+
+This is what envtest and kwokctl do, without containers: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler and kwok run as child
+processes on loopback ports, with a throwaway PKI, RBAC, an audit log, and
+service-account tokens. The test suite starts one per session; people start
+one with ``python -m poller.sandbox up``. All state lives in one work
+directory (``state.json`` names the PIDs), so `stop` works from another
+process too, and each component's log is kept there; when a component fails
+to become ready, the error carries the tail of its log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from poller.sandbox import build, kwok
+from poller.sandbox.audit import AUDIT_POLICY_YAML, AuditLog
+from poller.sandbox.pki import Pki, make_pki
+
+__all__ = ["ControlPlane", "ControlPlaneError", "StartupTimes"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """A component did not start; the message carries its log tail."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the test process dies, so
+    # does the component, instead of lingering on its ports.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class _Ports:
+    etcd_client: int = field(default_factory=_free_port)
+    etcd_peer: int = field(default_factory=_free_port)
+    apiserver: int = field(default_factory=_free_port)
+    controller_manager: int = field(default_factory=_free_port)
+    scheduler: int = field(default_factory=_free_port)
+    kwok_server: int = field(default_factory=_free_port)
+
+
+@dataclass
+class StartupTimes:
+    """Seconds each phase of `start` took (printed by the CLI and the tests)."""
+
+    binaries: float = 0.0
+    etcd: float = 0.0
+    apiserver: float = 0.0
+    others: float = 0.0
+    total: float = 0.0
+
+
+class ControlPlane:
+    """One local control plane rooted at `workdir`."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        kwok_nodes: int = 2,
+        die_with_parent: bool = True,
+        extra_apiserver_args: Sequence[str] = (),
+    ) -> None:
+        self.workdir = workdir.resolve()
+        self.kwok_nodes = kwok_nodes
+        self.die_with_parent = die_with_parent
+        self.extra_apiserver_args = list(extra_apiserver_args)
+        self.logs_dir = self.workdir / "logs"
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.audit = AuditLog(self.workdir / "audit.log")
+        self.state_file = self.workdir / "state.json"
+        self.times = StartupTimes()
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports = _Ports()
+        self.pki: Pki | None = None
+        self.binaries: Path | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self, timeout: float = 90.0) -> None:
+        """Build or find binaries, then start every component and wait for it."""
+        begin = time.monotonic()
+        self.binaries = build.ensure_binaries()
+        self.times.binaries = time.monotonic() - begin
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+        self.pki = make_pki(self.workdir / "pki")
+        try:
+            phase = time.monotonic()
+            self._start_etcd(timeout)
+            self.times.etcd = time.monotonic() - phase
+            phase = time.monotonic()
+            self._start_apiserver(timeout)
+            self.times.apiserver = time.monotonic() - phase
+            phase = time.monotonic()
+            self._write_kubeconfigs()
+            self._apply_kwok_crds(timeout)
+            self._start_controller_manager()
+            self._start_scheduler()
+            self._start_kwok()
+            self._wait_https("kube-controller-manager", self.ports.controller_manager, timeout)
+            self._wait_https("kube-scheduler", self.ports.scheduler, timeout)
+            self._create_kwok_nodes(timeout)
+            self._wait_for_default_service_account(timeout)
+            self.times.others = time.monotonic() - phase
+        except BaseException:
+            self.stop()
+            raise
+        self.times.total = time.monotonic() - begin
+        self._save_state()
+
+    def stop(self) -> None:
+        """Stop every component this object (or the state file) started."""
+        pids = {name: proc.pid for name, proc in self._processes.items()}
+        if not pids and self.state_file.exists():
+            pids = json.loads(self.state_file.read_text()).get("pids", {})
+        # Reverse start order: clients first, etcd last.
+        for name in reversed(list(pids)):
+            _terminate(int(pids[name]))
+        for proc in self._processes.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._processes.clear()
+        self.state_file.unlink(missing_ok=True)
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    def running(self) -> dict[str, bool]:
+        """Which components are alive, by name."""
+        return {name: proc.poll() is None for name, proc in self._processes.items()}
+
+    # -- components ----------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.logs_dir / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+        )
+        log.close()
+        self._processes[name] = proc
+        return proc
+
+    def _bin(self, name: str) -> str:
+        assert self.binaries is not None
+        return str(self.binaries / name)
+
+    def _start_etcd(self, timeout: float) -> None:
+        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
+        client = f"http://127.0.0.1:{self.ports.etcd_client}"
+        self._spawn(
+            "etcd",
+            [
+                self._bin("etcd"),
+                "--name=sandbox",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=sandbox={peer}",
+                # A throwaway store: durability is not worth the fsync latency.
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_until(
+            "etcd",
+            lambda: _http_ok(f"{client}/health", None, lambda body: b'"health":"true"' in body),
+            timeout,
+        )
+
+    def _start_apiserver(self, timeout: float) -> None:
+        pki = self._pki()
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY_YAML)
+        self._spawn(
+            "kube-apiserver",
+            [
+                self._bin("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports.apiserver}",
+                f"--tls-cert-file={pki.apiserver.cert}",
+                f"--tls-private-key-file={pki.apiserver.key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_public_key}",
+                f"--service-account-signing-key-file={pki.sa_private_key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                # kwok's nodes would otherwise be tainted NotReady at creation.
+                "--disable-admission-plugins=TaintNodesByCondition",
+                # kwok answers logs/exec on 127.0.0.1; node names do not resolve.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit.path}",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=0",
+                "--audit-log-mode=blocking",
+                "--profiling=false",
+                "--allow-privileged=false",
+                *self.extra_apiserver_args,
+            ],
+        )
+        context = self._admin_ssl_context()
+        self._wait_until(
+            "kube-apiserver",
+            lambda: _http_ok(f"{self.server}/readyz", context, lambda body: body.strip() == b"ok"),
+            timeout,
+        )
+
+    def _start_controller_manager(self) -> None:
+        pki = self._pki()
+        self._spawn(
+            "kube-controller-manager",
+            [
+                self._bin("kube-controller-manager"),
+                f"--kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
+                f"--authentication-kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
+                f"--authorization-kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.controller_manager}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki.sa_private_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                # kwok nodes have no real kubelet: never let node lifecycle
+                # taint or evict them.
+                "--controllers=*,-node-lifecycle-controller",
+                "--concurrent-gc-syncs=5",
+            ],
+        )
+
+    def _start_scheduler(self) -> None:
+        config = self.workdir / "scheduler.kubeconfig"
+        self._spawn(
+            "kube-scheduler",
+            [
+                self._bin("kube-scheduler"),
+                f"--kubeconfig={config}",
+                f"--authentication-kubeconfig={config}",
+                f"--authorization-kubeconfig={config}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.scheduler}",
+                "--leader-elect=false",
+            ],
+        )
+
+    def _start_kwok(self) -> None:
+        pki = self._pki()
+        config = self.workdir / "kwok.yaml"
+        config.write_text(kwok.kwok_config_yaml())
+        label, value = kwok.KWOK_NODE_LABEL
+        self._spawn(
+            "kwok",
+            [
+                self._bin("kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config}",
+                f"--manage-nodes-with-label-selector={label}={value}",
+                "--node-ip=127.0.0.1",
+                f"--node-port={self.ports.kwok_server}",
+                f"--server-address=127.0.0.1:{self.ports.kwok_server}",
+                f"--tls-cert-file={pki.kwok_server.cert}",
+                f"--tls-private-key-file={pki.kwok_server.key}",
+                "--enable-crds=Logs,ClusterLogs,Exec,ClusterExec",
+                "--cidr=10.0.0.1/16",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+
+    # -- cluster objects -------------------------------------------------------
+
+    def _write_kubeconfigs(self) -> None:
+        pki = self._pki()
+        self.write_kubeconfig(self.kubeconfig, "sandbox-admin", pki.admin.cert, pki.admin.key)
+        self.write_kubeconfig(
+            self.workdir / "controller-manager.kubeconfig",
+            "system:kube-controller-manager",
+            pki.controller_manager.cert,
+            pki.controller_manager.key,
+        )
+        self.write_kubeconfig(
+            self.workdir / "scheduler.kubeconfig",
+            "system:kube-scheduler",
+            pki.scheduler.cert,
+            pki.scheduler.key,
+        )
+
+    def write_kubeconfig(
+        self,
+        path: Path,
+        user: str,
+        cert: Path | None = None,
+        key: Path | None = None,
+        token: str | None = None,
+        namespace: str = "default",
+    ) -> Path:
+        """Write a kubeconfig for this plane with a client cert or a bearer token."""
+        credentials: dict[str, str] = {}
+        if cert and key:
+            credentials = {"client-certificate": str(cert), "client-key": str(key)}
+        if token:
+            credentials = {"token": token}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "sandbox",
+                    "cluster": {"server": self.server, "certificate-authority": str(self._pki().ca_cert)},
+                }
+            ],
+            "users": [{"name": user, "user": credentials}],
+            "contexts": [
+                {
+                    "name": "sandbox",
+                    "context": {"cluster": "sandbox", "user": user, "namespace": namespace},
+                }
+            ],
+            "current-context": "sandbox",
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+        return path
+
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
+                input_text: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the sandbox's own kubectl against this plane (argv, no shell)."""
+        return subprocess.run(
+            [self._bin("kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            check=check,
+            capture_output=True,
+            text=True,
+            input=input_text,
+            timeout=timeout,
+        )
+
+    def _apply_kwok_crds(self, timeout: float) -> None:
+        assert self.binaries is not None
+        crds = build.kwok_crds_dir(self.binaries)
+        files = [str(crds / name) for name in build.KWOK_CRD_FILES]
+        args: list[str] = ["apply", "--server-side"]
+        for path in files:
+            args += ["-f", path]
+        self.kubectl(*args)
+        names = [
+            "logs.kwok.x-k8s.io",
+            "clusterlogs.kwok.x-k8s.io",
+            "execs.kwok.x-k8s.io",
+            "clusterexecs.kwok.x-k8s.io",
+        ]
+        self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s",
+                     *[f"crd/{name}" for name in names])
+
+    def _create_kwok_nodes(self, timeout: float) -> None:
+        documents = [kwok.node_body(f"kwok-node-{i}") for i in range(self.kwok_nodes)]
+        self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
+        label, value = kwok.KWOK_NODE_LABEL
+        self._wait_until(
+            "kwok",
+            lambda: self._ready_node_count(f"{label}={value}") >= self.kwok_nodes,
+            timeout,
+        )
+
+    def _ready_node_count(self, selector: str) -> int:
+        out = self.kubectl("get", "nodes", "-l", selector, "-o", "json", check=False)
+        if out.returncode != 0:
+            return 0
+        count = 0
+        for node in json.loads(out.stdout)["items"]:
+            for condition in node.get("status", {}).get("conditions", []):
+                if condition["type"] == "Ready" and condition["status"] == "True":
+                    count += 1
+        return count
+
+    def _wait_for_default_service_account(self, timeout: float) -> None:
+        # Pods cannot be created before the service-account controller has
+        # made "default" in their namespace.
+        self._wait_until(
+            "kube-controller-manager",
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
+                                 check=False).returncode == 0,
+            timeout,
+        )
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _pki(self) -> Pki:
+        assert self.pki is not None, "start() first"
+        return self.pki
+
+    def _admin_ssl_context(self) -> ssl.SSLContext:
+        pki = self._pki()
+        context = ssl.create_default_context(cafile=str(pki.ca_cert))
+        context.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
+        return context
+
+    def _wait_https(self, name: str, port: int, timeout: float) -> None:
+        # Components serve /healthz with a self-signed certificate; reachability
+        # and "ok" are what matter here.
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        self._wait_until(
+            name,
+            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context,
+                             lambda body: body.strip() == b"ok"),
+            timeout,
+        )
+
+    def _wait_until(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while time.monotonic() < deadline:
+            for component, proc in self._processes.items():
+                if proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{component} exited with code {proc.returncode} while waiting for "
+                        f"{name}\n{self.log_tail(component)}"
+                    )
+            if ready():
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        raise ControlPlaneError(f"{name} not ready after {timeout:.0f} s\n{self.log_tail(name)}")
+
+    def log_tail(self, component: str, lines: int = 30) -> str:
+        """The last lines of a component's log, for error messages."""
+        path = self.logs_dir / f"{component}.log"
+        if not path.exists():
+            return f"(no log at {path})"
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+        return f"--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
+
+    def _save_state(self) -> None:
+        state: dict[str, Any] = {
+            "pids": {name: proc.pid for name, proc in self._processes.items()},
+            "ports": asdict(self.ports),
+            "kubeconfig": str(self.kubeconfig),
+            "server": self.server,
+            "audit_log": str(self.audit.path),
+            "binaries": str(self.binaries),
+            "times": asdict(self.times),
+        }
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def read_state(cls, workdir: Path) -> dict[str, Any] | None:
+        """The state a running plane left in `workdir`, or None."""
+        path = workdir / "state.json"
+        if not path.exists():
+            return None
+        state: dict[str, Any] = json.loads(path.read_text())
+        return state
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None, accept: Callable[[bytes], bool]) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:  # noqa: S310
+            return bool(accept(response.read()))
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _terminate(pid: int, grace: float = 10.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            # Reap it if it is our child; harmless otherwise.
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

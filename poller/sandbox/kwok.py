@@ -1,0 +1,287 @@
+"""kwok's part of the sandbox: fake nodes, pod lifecycle stages, logs and exec.
+
+kwok plays the kubelet for nodes it manages. Its stages here are kwok's "fast"
+pod stages with two additions that let a test (or the scale benchmark) steer a
+pod the way a real kubelet would report it, using nothing but annotations:
+
+* ``sandbox.lmeval.io/waiting-reason`` (and ``-message``): the pod stays
+  Pending with its containers Waiting for that reason (ErrImagePull,
+  CreateContainerConfigError, ...), as a kubelet reports it.
+* ``sandbox.lmeval.io/exit-code`` (and ``exit-reason``, ``exit-message``):
+  once Running, every container terminates with that code; phase Succeeded
+  for 0, Failed otherwise. Set it at creation or patch it in at the moment
+  the test chooses.
+
+Logs and exec are served by kwok's ``Logs``/``Exec`` resources; the helpers
+below create them so that a file in the CRI log format becomes a container's
+log and a local command answers `kubectl exec`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ANNOTATION_EXIT_CODE",
+    "ANNOTATION_EXIT_MESSAGE",
+    "ANNOTATION_EXIT_REASON",
+    "ANNOTATION_WAITING_MESSAGE",
+    "ANNOTATION_WAITING_REASON",
+    "KWOK_NODE_LABEL",
+    "cri_log_lines",
+    "exec_body",
+    "kwok_config_yaml",
+    "logs_body",
+    "node_body",
+]
+
+ANNOTATION_PREFIX = "sandbox.lmeval.io/"
+ANNOTATION_WAITING_REASON = ANNOTATION_PREFIX + "waiting-reason"
+ANNOTATION_WAITING_MESSAGE = ANNOTATION_PREFIX + "waiting-message"
+ANNOTATION_EXIT_CODE = ANNOTATION_PREFIX + "exit-code"
+ANNOTATION_EXIT_REASON = ANNOTATION_PREFIX + "exit-reason"
+ANNOTATION_EXIT_MESSAGE = ANNOTATION_PREFIX + "exit-message"
+# kwok manages exactly the nodes with this label, never the sandbox's own
+# local-process node.
+KWOK_NODE_LABEL = ("type", "kwok")
+
+
+def _ann(name: str) -> str:
+    return f'.metadata.annotations["{name}"]'
+
+
+def _tpl(name: str) -> str:
+    return f'index .metadata.annotations "{name}"'
+
+
+_POD_WAITING = f"""
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-waiting
+spec:
+  resourceRef: {{apiGroup: v1, kind: Pod}}
+  selector:
+    matchExpressions:
+    - {{key: '.metadata.deletionTimestamp', operator: DoesNotExist}}
+    - {{key: '{_ann(ANNOTATION_WAITING_REASON)}', operator: Exists}}
+    - {{key: '.status.containerStatuses', operator: DoesNotExist}}
+  next:
+    statusTemplate: |
+      {{{{ $root := . }}}}
+      conditions:
+      - type: PodScheduled
+        status: "True"
+      - type: Ready
+        status: "False"
+        reason: ContainersNotReady
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          waiting:
+            reason: {{{{ {_tpl(ANNOTATION_WAITING_REASON).replace(".metadata", "$root.metadata")} | Quote }}}}
+            message: {{{{ or ({_tpl(ANNOTATION_WAITING_MESSAGE).replace(".metadata", "$root.metadata")}) "" | Quote }}}}
+      {{{{ end }}}}
+      hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
+      phase: Pending
+"""
+
+_POD_READY = f"""
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-ready
+spec:
+  resourceRef: {{apiGroup: v1, kind: Pod}}
+  selector:
+    matchExpressions:
+    - {{key: '.metadata.deletionTimestamp', operator: DoesNotExist}}
+    - {{key: '.status.podIP', operator: DoesNotExist}}
+    - {{key: '{_ann(ANNOTATION_WAITING_REASON)}', operator: DoesNotExist}}
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: Ready
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: ContainersReady
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: PodScheduled
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: true
+        restartCount: 0
+        started: true
+        state:
+          running:
+            startedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      initContainerStatuses:
+      {{{{ range .spec.initContainers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: true
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{{{ $now | Quote }}}}
+            reason: Completed
+            startedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
+      podIP: {{{{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}}}
+      phase: Running
+      startTime: {{{{ $now | Quote }}}}
+"""
+
+_POD_EXIT = f"""
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-exit
+spec:
+  resourceRef: {{apiGroup: v1, kind: Pod}}
+  selector:
+    matchExpressions:
+    - {{key: '.metadata.deletionTimestamp', operator: DoesNotExist}}
+    - {{key: '.status.phase', operator: In, values: [Running]}}
+    - {{key: '{_ann(ANNOTATION_EXIT_CODE)}', operator: Exists}}
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      {{{{ $root := . }}}}
+      {{{{ $code := {_tpl(ANNOTATION_EXIT_CODE).replace(".metadata", "$root.metadata")} }}}}
+      {{{{ $reason := or ({_tpl(ANNOTATION_EXIT_REASON).replace(".metadata", "$root.metadata")}) (ternary "Completed" "Error" (eq $code "0")) }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: Ready
+        reason: PodCompleted
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: ContainersReady
+        reason: PodCompleted
+      containerStatuses:
+      {{{{ range $index, $item := .spec.containers }}}}
+      {{{{ $origin := index $root.status.containerStatuses $index }}}}
+      - image: {{{{ $item.image | Quote }}}}
+        name: {{{{ $item.name | Quote }}}}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: {{{{ $code }}}}
+            reason: {{{{ $reason | Quote }}}}
+            message: {{{{ or ({_tpl(ANNOTATION_EXIT_MESSAGE).replace(".metadata", "$root.metadata")}) "" | Quote }}}}
+            startedAt: {{{{ or $origin.state.running.startedAt $now | Quote }}}}
+            finishedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      phase: {{{{ ternary "Succeeded" "Failed" (eq $code "0") }}}}
+"""
+
+_POD_DELETE = """
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-delete
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: Exists}
+  next:
+    finalizers:
+      empty: true
+    delete: true
+"""
+
+
+def kwok_config_yaml() -> str:
+    """kwok's ``--config`` file: the pod stages above (nodes keep kwok's defaults)."""
+    return "---".join([_POD_WAITING, _POD_READY, _POD_EXIT, _POD_DELETE])
+
+
+def node_body(name: str, *, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A fake node that kwok will manage and initialise (Ready, kubelet port)."""
+    all_labels = {
+        KWOK_NODE_LABEL[0]: KWOK_NODE_LABEL[1],
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        **(labels or {}),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": all_labels,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "spec": {},
+    }
+
+
+def cri_log_lines(lines: Iterable[str], *, stream: str = "stdout") -> str:
+    """Render lines in the container runtime's log format, which kwok serves."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return "".join(f"{now} {stream} F {line}\n" for line in lines)
+
+
+def logs_body(
+    namespace: str, pod: str, log_file: Path, *, containers: Iterable[str] = ()
+) -> dict[str, Any]:
+    """A kwok ``Logs`` object: serve `log_file` as the pod's container log."""
+    entry: dict[str, Any] = {"logsFile": str(log_file), "follow": False}
+    if containers:
+        entry["containers"] = list(containers)
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Logs",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {"logs": [entry]},
+    }
+
+
+def exec_body(
+    namespace: str,
+    pod: str,
+    work_dir: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    containers: Iterable[str] = (),
+) -> dict[str, Any]:
+    """A kwok ``Exec`` object: `kubectl exec` into the pod runs locally in `work_dir`."""
+    target: dict[str, Any] = {
+        "local": {
+            "workDir": str(work_dir),
+            "envs": [{"name": k, "value": v} for k, v in (env or {}).items()],
+        }
+    }
+    if containers:
+        target["containers"] = list(containers)
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Exec",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {"execs": [target]},
+    }

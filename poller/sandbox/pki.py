@@ -1,0 +1,209 @@
+"""A throwaway PKI for one local control plane.
+
+Every sandbox (a test session or a `python -m poller.sandbox up`) gets its own
+certificate authority, so nothing it trusts outlives it and two sandboxes on
+one machine never share credentials. ECDSA P-256 keys keep generation well
+under a second; the service-account signing key is RSA because that is what
+every Kubernetes version accepts without extra flags.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = dt.timedelta(days=30)
+
+__all__ = ["CertPair", "Pki", "issue_client_cert", "make_pki"]
+
+
+@dataclass(frozen=True)
+class CertPair:
+    """Paths of a PEM certificate and its unencrypted PEM key."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Everything the components need, as files in one directory."""
+
+    ca_cert: Path
+    ca_key: Path
+    apiserver: CertPair
+    kwok_server: CertPair
+    admin: CertPair
+    controller_manager: CertPair
+    scheduler: CertPair
+    sa_private_key: Path
+    sa_public_key: Path
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attrs)
+
+
+class _Issuer:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        name = _name("lmeval-sandbox-ca")
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+
+    def issue(
+        self,
+        stem: str,
+        common_name: str,
+        *,
+        organization: str | None = None,
+        server_names: tuple[str, ...] = (),
+        client: bool = False,
+    ) -> CertPair:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name, organization))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        )
+        if server_names:
+            alt: list[x509.GeneralName] = []
+            for entry in server_names:
+                try:
+                    alt.append(x509.IPAddress(ipaddress.ip_address(entry)))
+                except ValueError:
+                    alt.append(x509.DNSName(entry))
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        pair = CertPair(self.directory / f"{stem}.crt", self.directory / f"{stem}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(pair.key, key)
+        return pair
+
+
+def make_pki(directory: Path) -> Pki:
+    """Create a fresh CA and every certificate the sandbox uses in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    issuer = _Issuer(directory)
+    ca_cert = directory / "ca.crt"
+    ca_key = directory / "ca.key"
+    ca_cert.write_bytes(issuer.cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(ca_key, issuer.key)
+
+    apiserver_names = (
+        "127.0.0.1",
+        "localhost",
+        "10.96.0.1",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+    )
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    sa_private = directory / "sa.key"
+    sa_public = directory / "sa.pub"
+    _write_key(sa_private, sa_key)
+    sa_public.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return Pki(
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        apiserver=issuer.issue("apiserver", "kube-apiserver", server_names=apiserver_names),
+        kwok_server=issuer.issue("kwok-server", "kwok", server_names=("127.0.0.1", "localhost")),
+        admin=issuer.issue("admin", "sandbox-admin", organization="system:masters", client=True),
+        controller_manager=issuer.issue(
+            "controller-manager", "system:kube-controller-manager", client=True
+        ),
+        scheduler=issuer.issue("scheduler", "system:kube-scheduler", client=True),
+        sa_private_key=sa_private,
+        sa_public_key=sa_public,
+    )
+
+
+def issue_client_cert(pki: Pki, user: str, groups: tuple[str, ...] = ()) -> CertPair:
+    """A client certificate for `user` (CN) in `groups` (O), signed by the sandbox CA.
+
+    Tests act as plain users this way: the apiserver maps CN to the user name
+    and each O to a group, exactly as for a real cluster's client certs.
+    """
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, user)]
+    attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attrs))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    stem = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+    pair = CertPair(pki.ca_cert.parent / f"{stem}.crt", pki.ca_cert.parent / f"{stem}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pair.key, key)
+    return pair
