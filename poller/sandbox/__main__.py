@@ -16,7 +16,8 @@ from pathlib import Path
 from poller.sandbox import build
 from poller.sandbox.controlplane import ControlPlane, ControlPlaneError
 
-DEFAULT_WORKDIR = Path(os.environ.get("LMEVAL_SANDBOX_DIR", "/tmp/lmeval-sandbox"))
+# Not a fixed /tmp path: another local user could pre-create it.
+DEFAULT_WORKDIR = Path(os.environ.get("LMEVAL_SANDBOX_DIR") or build.cache_root() / "sandbox")
 
 
 def _alive(pid: int) -> bool:
@@ -81,18 +82,26 @@ def cmd_build(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m poller.sandbox", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
-                        help="where state, PKI, logs and etcd data live (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        prog="python -m poller.sandbox",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=DEFAULT_WORKDIR,
+        help="where state, PKI, logs and etcd data live (default: %(default)s)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start a control plane in the background")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create")
     up.set_defaults(func=cmd_up)
     commands.add_parser("down", help="stop it").set_defaults(func=cmd_down)
     commands.add_parser("status", help="show what runs").set_defaults(func=cmd_status)
-    commands.add_parser("build", help="build or find the binaries, print their directory"
-                        ).set_defaults(func=cmd_build)
+    commands.add_parser(
+        "build", help="build or find the binaries, print their directory"
+    ).set_defaults(func=cmd_build)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

@@ -88,7 +88,9 @@ def _kwok_ldflags() -> str:
 def _go() -> str:
     go = shutil.which("go")
     if go is None:
-        raise RuntimeError("the Go toolchain is needed to build the sandbox binaries (`go` not found)")
+        raise RuntimeError(
+            "the Go toolchain is needed to build the sandbox binaries (`go` not found)"
+        )
     return go
 
 
@@ -159,7 +161,9 @@ def _run_go(args: list[str], cwd: Path, log: Path) -> None:
         result = subprocess.run([_go(), *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     if result.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-40:]
-        raise RuntimeError(f"go {args[0]} failed in {cwd}; last lines of {log}:\n" + "\n".join(tail))
+        raise RuntimeError(
+            f"go {args[0]} failed in {cwd}; last lines of {log}:\n" + "\n".join(tail)
+        )
 
 
 def _kwok_module_dir(log: Path) -> Path:

@@ -12,6 +12,7 @@ to become ready, the error carries the tail of its log.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -177,7 +178,7 @@ class ControlPlane:
             stdin=subprocess.DEVNULL,
             cwd=self.workdir,
             start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         log.close()
         self._processes[name] = proc
@@ -353,7 +354,10 @@ class ControlPlane:
             "clusters": [
                 {
                     "name": "sandbox",
-                    "cluster": {"server": self.server, "certificate-authority": str(self._pki().ca_cert)},
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self._pki().ca_cert),
+                    },
                 }
             ],
             "users": [{"name": user, "user": credentials}],
@@ -369,8 +373,14 @@ class ControlPlane:
         path.chmod(0o600)
         return path
 
-    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
-                input_text: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self,
+        *args: str,
+        kubeconfig: Path | None = None,
+        check: bool = True,
+        input_text: str | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
         """Run the sandbox's own kubectl against this plane (argv, no shell)."""
         return subprocess.run(
             [self._bin("kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
@@ -395,8 +405,12 @@ class ControlPlane:
             "execs.kwok.x-k8s.io",
             "clusterexecs.kwok.x-k8s.io",
         ]
-        self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s",
-                     *[f"crd/{name}" for name in names])
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={int(timeout)}s",
+            *[f"crd/{name}" for name in names],
+        )
 
     def _create_kwok_nodes(self, timeout: float) -> None:
         documents = [kwok.node_body(f"kwok-node-{i}") for i in range(self.kwok_nodes)]
@@ -424,8 +438,12 @@ class ControlPlane:
         # made "default" in their namespace.
         self._wait_until(
             "kube-controller-manager",
-            lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
-                                 check=False).returncode == 0,
+            lambda: (
+                self.kubectl(
+                    "get", "serviceaccount", "default", "-n", "default", check=False
+                ).returncode
+                == 0
+            ),
             timeout,
         )
 
@@ -449,8 +467,9 @@ class ControlPlane:
         context.verify_mode = ssl.CERT_NONE
         self._wait_until(
             name,
-            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", context,
-                             lambda body: body.strip() == b"ok"),
+            lambda: _http_ok(
+                f"https://127.0.0.1:{port}/healthz", context, lambda body: body.strip() == b"ok"
+            ),
             timeout,
         )
 
@@ -526,7 +545,5 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
         except ChildProcessError:
             pass
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

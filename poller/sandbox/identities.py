@@ -27,7 +27,10 @@ def _slug(text: str) -> str:
 
 def api_client(kubeconfig: Path) -> client.ApiClient:
     """A fresh ApiClient for one kubeconfig (never the process-wide default)."""
-    return config.new_client_from_config(config_file=str(kubeconfig))
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig)
+    )
+    return api
 
 
 def user_kubeconfig(plane: ControlPlane, user: str, groups: tuple[str, ...] = ()) -> Path:
@@ -56,6 +59,8 @@ def service_account_kubeconfig(
         response = client.CoreV1Api(admin).create_namespaced_service_account_token(
             name, namespace, request
         )
+    if response.status is None:
+        raise RuntimeError(f"TokenRequest for {namespace}/{name} returned no token")
     path = plane.workdir / "users" / f"sa-{_slug(namespace)}-{_slug(name)}.kubeconfig"
     path.parent.mkdir(exist_ok=True)
     return plane.write_kubeconfig(

@@ -12,6 +12,7 @@ pod the way a real kubelet would report it, using nothing but annotations:
   for 0, Failed otherwise. Set it at creation or patch it in at the moment
   the test chooses.
 
+The stages themselves are in ``kwok-stages.yaml`` beside this module.
 Logs and exec are served by kwok's ``Logs``/``Exec`` resources; the helpers
 below create them so that a file in the CRI log format becomes a container's
 log and a local command answers `kubectl exec`.
@@ -49,175 +50,12 @@ ANNOTATION_EXIT_MESSAGE = ANNOTATION_PREFIX + "exit-message"
 KWOK_NODE_LABEL = ("type", "kwok")
 
 
-def _ann(name: str) -> str:
-    return f'.metadata.annotations["{name}"]'
-
-
-def _tpl(name: str) -> str:
-    return f'index .metadata.annotations "{name}"'
-
-
-_POD_WAITING = f"""
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-waiting
-spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
-  selector:
-    matchExpressions:
-    - {{key: '.metadata.deletionTimestamp', operator: DoesNotExist}}
-    - {{key: '{_ann(ANNOTATION_WAITING_REASON)}', operator: Exists}}
-    - {{key: '.status.containerStatuses', operator: DoesNotExist}}
-  next:
-    statusTemplate: |
-      {{{{ $root := . }}}}
-      conditions:
-      - type: PodScheduled
-        status: "True"
-      - type: Ready
-        status: "False"
-        reason: ContainersNotReady
-      containerStatuses:
-      {{{{ range .spec.containers }}}}
-      - image: {{{{ .image | Quote }}}}
-        name: {{{{ .name | Quote }}}}
-        ready: false
-        restartCount: 0
-        started: false
-        state:
-          waiting:
-            reason: {{{{ {_tpl(ANNOTATION_WAITING_REASON).replace(".metadata", "$root.metadata")} | Quote }}}}
-            message: {{{{ or ({_tpl(ANNOTATION_WAITING_MESSAGE).replace(".metadata", "$root.metadata")}) "" | Quote }}}}
-      {{{{ end }}}}
-      hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
-      phase: Pending
-"""
-
-_POD_READY = f"""
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-ready
-spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
-  selector:
-    matchExpressions:
-    - {{key: '.metadata.deletionTimestamp', operator: DoesNotExist}}
-    - {{key: '.status.podIP', operator: DoesNotExist}}
-    - {{key: '{_ann(ANNOTATION_WAITING_REASON)}', operator: DoesNotExist}}
-  next:
-    statusTemplate: |
-      {{{{ $now := Now }}}}
-      conditions:
-      - lastTransitionTime: {{{{ $now | Quote }}}}
-        status: "True"
-        type: Initialized
-      - lastTransitionTime: {{{{ $now | Quote }}}}
-        status: "True"
-        type: Ready
-      - lastTransitionTime: {{{{ $now | Quote }}}}
-        status: "True"
-        type: ContainersReady
-      - lastTransitionTime: {{{{ $now | Quote }}}}
-        status: "True"
-        type: PodScheduled
-      containerStatuses:
-      {{{{ range .spec.containers }}}}
-      - image: {{{{ .image | Quote }}}}
-        name: {{{{ .name | Quote }}}}
-        ready: true
-        restartCount: 0
-        started: true
-        state:
-          running:
-            startedAt: {{{{ $now | Quote }}}}
-      {{{{ end }}}}
-      initContainerStatuses:
-      {{{{ range .spec.initContainers }}}}
-      - image: {{{{ .image | Quote }}}}
-        name: {{{{ .name | Quote }}}}
-        ready: true
-        restartCount: 0
-        state:
-          terminated:
-            exitCode: 0
-            finishedAt: {{{{ $now | Quote }}}}
-            reason: Completed
-            startedAt: {{{{ $now | Quote }}}}
-      {{{{ end }}}}
-      hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
-      podIP: {{{{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}}}
-      phase: Running
-      startTime: {{{{ $now | Quote }}}}
-"""
-
-_POD_EXIT = f"""
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-exit
-spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
-  selector:
-    matchExpressions:
-    - {{key: '.metadata.deletionTimestamp', operator: DoesNotExist}}
-    - {{key: '.status.phase', operator: In, values: [Running]}}
-    - {{key: '{_ann(ANNOTATION_EXIT_CODE)}', operator: Exists}}
-  next:
-    statusTemplate: |
-      {{{{ $now := Now }}}}
-      {{{{ $root := . }}}}
-      {{{{ $code := {_tpl(ANNOTATION_EXIT_CODE).replace(".metadata", "$root.metadata")} }}}}
-      {{{{ $reason := or ({_tpl(ANNOTATION_EXIT_REASON).replace(".metadata", "$root.metadata")}) (ternary "Completed" "Error" (eq $code "0")) }}}}
-      conditions:
-      - lastTransitionTime: {{{{ $now | Quote }}}}
-        status: "False"
-        type: Ready
-        reason: PodCompleted
-      - lastTransitionTime: {{{{ $now | Quote }}}}
-        status: "False"
-        type: ContainersReady
-        reason: PodCompleted
-      containerStatuses:
-      {{{{ range $index, $item := .spec.containers }}}}
-      {{{{ $origin := index $root.status.containerStatuses $index }}}}
-      - image: {{{{ $item.image | Quote }}}}
-        name: {{{{ $item.name | Quote }}}}
-        ready: false
-        restartCount: 0
-        started: false
-        state:
-          terminated:
-            exitCode: {{{{ $code }}}}
-            reason: {{{{ $reason | Quote }}}}
-            message: {{{{ or ({_tpl(ANNOTATION_EXIT_MESSAGE).replace(".metadata", "$root.metadata")}) "" | Quote }}}}
-            startedAt: {{{{ or $origin.state.running.startedAt $now | Quote }}}}
-            finishedAt: {{{{ $now | Quote }}}}
-      {{{{ end }}}}
-      phase: {{{{ ternary "Succeeded" "Failed" (eq $code "0") }}}}
-"""
-
-_POD_DELETE = """
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-delete
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: Exists}
-  next:
-    finalizers:
-      empty: true
-    delete: true
-"""
+STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 
 
 def kwok_config_yaml() -> str:
-    """kwok's ``--config`` file: the pod stages above (nodes keep kwok's defaults)."""
-    return "---".join([_POD_WAITING, _POD_READY, _POD_EXIT, _POD_DELETE])
+    """kwok's ``--config`` file: the pod stages (nodes keep kwok's defaults)."""
+    return STAGES_FILE.read_text()
 
 
 def node_body(name: str, *, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
