@@ -8,6 +8,7 @@ no binaries. Each cluster test gets its own namespace, deleted afterwards.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +47,7 @@ def admin_api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
 @pytest.fixture
 def namespace(admin_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test, deleted (without waiting) afterwards."""
-    stem = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
     name = f"{stem}-{uuid.uuid4().hex[:5]}"
     core = client.CoreV1Api(admin_api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))

@@ -1,0 +1,142 @@
+"""``lmeval-poller`` (also ``python -m poller``): the operator's entry point.
+
+In a cluster it uses the pod's service account; elsewhere ``--kubeconfig``.
+``--once`` runs a single cycle and exits (for scripts and tests: exit code 1
+when the cycle failed or any job raised). Otherwise it cycles until SIGTERM
+or SIGINT, which let the current cycle finish before exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from kubernetes import client, config
+
+from poller.cycle import Poller
+from poller.kube import Kube
+from poller.service import PollingService
+
+__all__ = ["main"]
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _setup_logging(level: str, json_logs: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # APScheduler logs every run at INFO; the poller's own cycle line is enough.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _api_client(kubeconfig: Path | None) -> client.ApiClient:
+    if kubeconfig is not None:
+        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig)
+        )
+        return api
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return client.ApiClient()
+    api = config.new_client_from_config()  # type: ignore[no-untyped-call]
+    return api
+
+
+def _default_namespace() -> str:
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if path.exists():
+        return path.read_text().strip()
+    return os.environ.get("POD_NAMESPACE", "lmeval-system")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="lmeval-poller",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="kubeconfig file (default: in-cluster, else ~/.kube/config)",
+    )
+    parser.add_argument(
+        "--settings-namespace",
+        default=None,
+        help="namespace of ConfigMap lmeval-poller-config (default: the poller's own namespace)",
+    )
+    parser.add_argument(
+        "--namespaces", default="", help="comma-separated namespaces to manage (default: all)"
+    )
+    parser.add_argument("--once", action="store_true", help="run one cycle and exit")
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    _setup_logging(args.log_level, args.json_logs)
+    log = logging.getLogger("poller")
+    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
+    kube = Kube(_api_client(args.kubeconfig))
+    poller = Poller(
+        kube,
+        settings_namespace=args.settings_namespace or _default_namespace(),
+        namespaces=namespaces,
+    )
+    if args.once:
+        report = poller.run_cycle()
+        log.info(
+            "one cycle: %d jobs, %d pods, %d patches, %d pods created, %d errors",
+            report.jobs,
+            report.pods,
+            report.patches,
+            report.pods_created,
+            report.errors,
+        )
+        return 1 if report.errors else 0
+
+    service = PollingService(poller)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: finishing the current cycle", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    service.start()
+    log.info("polling every %.1f s", service.interval)
+    stop.wait()
+    service.stop()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The LMEvalJob API: spec and status as pydantic models.
+
+These models are the single source of truth for the resource's shape. The
+CRD in ``crds/`` is generated from them (``python -m poller.crd``), so the
+field descriptions here are what ``kubectl explain lmevaljob.spec`` shows,
+and every pattern here is enforced twice: by the apiserver when a user
+applies a job, and by pydantic when the poller reads it (a job that slipped
+past an older schema still ends Failed with a clear message instead of
+reaching an argv). Strings that end up in lm_eval's command line are held to
+conservative patterns: the argv is a list, never a shell, but a value that
+starts with ``-`` could still be read by lm_eval as an option.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "API_GROUP",
+    "API_VERSION",
+    "KIND",
+    "PLURAL",
+    "Condition",
+    "ConditionType",
+    "JobReason",
+    "JobState",
+    "LMEvalJobSpec",
+    "LMEvalJobStatus",
+    "NameValue",
+]
+
+API_GROUP = "foundation-model-stack.github.com"
+API_VERSION = "v1beta1"
+KIND = "LMEvalJob"
+PLURAL = "lmevaljobs"
+SHORT_NAME = "lmej"
+
+# Names that reach lm_eval's argv: a letter or digit first, never "-".
+ARGV_WORD = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$"
+TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+ARG_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+# model_args/gen_kwargs are joined with "," and split on "=" by lm_eval.
+ARG_VALUE = r"^[^,\n\r]*$"
+LIMIT = r"^([1-9][0-9]{0,9}|0?\.[0-9]{1,9}|1\.0*)$"
+BATCH_SIZE = r"^(auto(:[1-9][0-9]{0,4})?|[1-9][0-9]{0,5})$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+DATA_KEY = r"^[-._a-zA-Z0-9]+$"
+ABS_PATH = r"^/[A-Za-z0-9_./-]*$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei|e[0-9]+)?$"
+RESOURCE_NAME = r"^([a-z0-9.-]+/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class NameValue(_Model):
+    """One `name=value` pair for lm_eval's --model_args or --gen_kwargs."""
+
+    name: Annotated[str, Field(pattern=ARG_NAME, max_length=128, description="Argument name.")]
+    value: Annotated[
+        str,
+        Field(
+            pattern=ARG_VALUE,
+            max_length=4096,
+            description="Argument value; no commas or newlines.",
+        ),
+    ]
+
+
+class SecretKeyRef(_Model):
+    name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Secret name.")]
+    key: Annotated[str, Field(pattern=DATA_KEY, max_length=253, description="Key in the Secret.")]
+
+
+class EnvSecret(_Model):
+    """An environment variable of the evaluation taken from a Secret."""
+
+    env: Annotated[str, Field(pattern=ENV_NAME, max_length=128, description="Variable name.")]
+    secret_ref: SecretKeyRef = Field(description="The Secret key that holds the value.")
+
+
+class KeyToPath(_Model):
+    key: Annotated[str, Field(pattern=DATA_KEY, max_length=253)]
+    path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$", max_length=253)]
+
+
+class SecretVolumeRef(_Model):
+    secret_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]
+    items: list[KeyToPath] | None = Field(
+        default=None, description="Keys to project; all keys when omitted."
+    )
+
+
+class FileSecret(_Model):
+    """A Secret mounted read-only as files in the evaluation container."""
+
+    secret_ref: SecretVolumeRef = Field(description="The Secret to mount.")
+    mount_path: Annotated[str, Field(pattern=ABS_PATH, max_length=1024)] = Field(
+        description="Absolute path of the mount."
+    )
+
+
+ResourceName = Annotated[str, Field(pattern=RESOURCE_NAME, max_length=253)]
+# YAML users write `cpu: 2` as often as `cpu: "2"`: accept both, like Kubernetes.
+Quantity = Annotated[
+    str,
+    BeforeValidator(
+        lambda v: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+    ),
+    Field(pattern=QUANTITY, max_length=64, json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+
+
+class ResourceRequirements(_Model):
+    requests: dict[ResourceName, Quantity] | None = Field(
+        default=None, description='Minimum resources, e.g. cpu: "2", memory: 8Gi.'
+    )
+    limits: dict[ResourceName, Quantity] | None = Field(
+        default=None, description='Maximum resources, e.g. nvidia.com/gpu: "1".'
+    )
+
+
+class EnvVar(_Model):
+    name: Annotated[str, Field(pattern=ENV_NAME, max_length=128)]
+    value: Annotated[str, Field(max_length=32768)] = ""
+
+
+class Toleration(_Model):
+    key: Annotated[str, Field(max_length=316)] | None = None
+    operator: Annotated[str, Field(pattern=r"^(Exists|Equal)$")] | None = None
+    value: Annotated[str, Field(max_length=63)] | None = None
+    effect: Annotated[str, Field(pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = (
+        None
+    )
+    toleration_seconds: int | None = None
+
+
+class PodOverride(_Model):
+    """The restricted subset of the job pod that a job may shape."""
+
+    resources: ResourceRequirements | None = Field(
+        default=None, description="CPU, memory and accelerator requests and limits."
+    )
+    env: list[EnvVar] | None = Field(
+        default=None, description="Extra environment variables of the evaluation container."
+    )
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        default=None, description="Node labels the pod must match."
+    )
+    tolerations: list[Toleration] | None = Field(default=None, description="Pod tolerations.")
+
+
+class Outputs(_Model):
+    pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="PersistentVolumeClaim that receives the full outputs."
+    )
+
+
+class LMEvalJobSpec(_Model):
+    """What to evaluate and how the job pod may look."""
+
+    model: Annotated[str, Field(pattern=ARGV_WORD, max_length=128)] = Field(
+        description="lm_eval model type (--model), e.g. hf, local-completions, dummy."
+    )
+    model_args: list[NameValue] | None = Field(
+        default=None, description="lm_eval --model_args as name/value pairs."
+    )
+    tasks: Annotated[
+        list[Annotated[str, Field(pattern=TASK_NAME, max_length=256)]],
+        Field(min_length=1, max_length=200),
+    ] = Field(description="Task or group names (lm_eval --tasks).")
+    num_few_shot: Annotated[int, Field(ge=0, le=1000)] | None = Field(
+        default=None, description="Few-shot examples per task (--num_fewshot)."
+    )
+    limit: Annotated[str, Field(pattern=LIMIT)] | None = Field(
+        default=None,
+        description="Examples per task: a whole number, or a fraction in (0, 1] (--limit).",
+    )
+    gen_args: list[NameValue] | None = Field(
+        default=None, description="Generation arguments (--gen_kwargs)."
+    )
+    log_samples: bool | None = Field(
+        default=None, description="Keep per-sample outputs (--log_samples)."
+    )
+    batch_size: Annotated[str, Field(pattern=BATCH_SIZE)] | None = Field(
+        default=None, description='Batch size: a number, "auto" or "auto:N" (--batch_size).'
+    )
+    env_secrets: list[EnvSecret] | None = Field(
+        default=None, description="Environment variables from Secrets."
+    )
+    file_secrets: list[FileSecret] | None = Field(
+        default=None, description="Secrets mounted as files."
+    )
+    pod: PodOverride | None = Field(default=None, description="Restricted pod overrides.")
+    outputs: Outputs | None = Field(default=None, description="Where full outputs go.")
+    labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        default=None, description="Labels added to the job pod."
+    )
+    annotations: dict[str, str] | None = Field(
+        default=None, description="Annotations added to the job pod."
+    )
+    allow_online: bool | None = Field(
+        default=None,
+        description="Let the evaluation reach model hubs and dataset hosts. Needs allow-online "
+        "in the poller settings too.",
+    )
+    allow_code_execution: bool | None = Field(
+        default=None,
+        description="Allow tasks that execute model-written code. Needs allow-code-execution "
+        "in the poller settings too.",
+    )
+
+
+class JobState(StrEnum):
+    NEW = "New"
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+    SUSPENDED = "Suspended"
+
+
+class JobReason(StrEnum):
+    NO_REASON = "NoReason"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class ConditionType(StrEnum):
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    FINISHED = "Finished"
+    SUCCEEDED = "Succeeded"
+    SUSPENDED = "Suspended"
+
+
+class Condition(_Model):
+    """A Kubernetes-style condition, as `kubectl wait --for=condition=X` reads it."""
+
+    type: str = Field(description="Scheduled, Running, Finished, Succeeded or Suspended.")
+    status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$")]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = None
+
+
+class Progress(_Model):
+    percent: float | None = Field(default=None, description="0 to 100.")
+    phase: str | None = Field(default=None, description="What lm_eval is doing.")
+    line: str | None = Field(default=None, description="The driver's last progress report.")
+
+
+class LMEvalJobStatus(_Model):
+    """What the poller observed; written only by the poller."""
+
+    state: JobState | None = Field(default=None, description="Lifecycle state.")
+    reason: JobReason | None = Field(default=None, description="Outcome once Complete.")
+    message: str | None = Field(default=None, description="Human-readable detail.")
+    pod_name: str | None = Field(default=None, description="The job pod.")
+    last_schedule_time: str | None = Field(default=None, description="When the pod was created.")
+    complete_time: str | None = Field(default=None, description="When the job finished.")
+    progress: Progress | None = Field(default=None, description="Latest progress report.")
+    results: str | None = Field(
+        default=None, description="lm_eval results JSON (reduced when large; see resultsConfigMap)."
+    )
+    results_reduced: bool | None = Field(
+        default=None, description="True when results omits parts of the full results JSON."
+    )
+    results_config_map: str | None = Field(
+        default=None, description="ConfigMap (owned by the job) holding the complete results."
+    )
+    conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this status reflects."
+    )

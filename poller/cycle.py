@@ -1,0 +1,239 @@
+"""One polling cycle: list, join, decide, act.
+
+A cycle reads the settings ConfigMap, lists every LMEvalJob and every pod
+the poller manages (two paged LISTs whatever the number of jobs), joins pods
+to jobs by their controller ownerReference, and for each job runs the pure
+`decide` and carries out its actions through `Kube`. Jobs are independent:
+an exception while handling one is logged and counted, and the cycle goes on
+with the next. Nothing is cached between cycles except the settings' last
+good values; the cluster is the state.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from driver.protocol import decode_text
+from poller import decide as decisions
+from poller import podspec
+from poller.kube import Conflict, Kube, NotFound
+from poller.model import (
+    CreatePod,
+    JobView,
+    LogView,
+    PatchStatus,
+    PodView,
+    PostEvent,
+    ReadLog,
+    StoreResults,
+)
+from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
+
+__all__ = ["CycleReport", "Poller", "utc_now"]
+
+log = logging.getLogger(__name__)
+
+MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
+# A decision may ask for the log, then for a longer tail when the results
+# were cut off; each round is one log read.
+MAX_LOG_ROUNDS = 4
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class CycleReport:
+    """What one cycle saw and did (for logs, metrics and tests)."""
+
+    jobs: int = 0
+    pods: int = 0
+    patches: int = 0
+    pods_created: int = 0
+    errors: int = 0
+    duration: float = 0.0
+    error_messages: list[str] = field(default_factory=list)
+
+
+class Poller:
+    """The polling cycle, with its dependencies injected."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        settings_namespace: str,
+        namespaces: Sequence[str] = (),
+        clock: Callable[[], dt.datetime] = utc_now,
+        tracker: SettingsTracker | None = None,
+    ) -> None:
+        self.kube = kube
+        self.settings_namespace = settings_namespace
+        self.namespaces = list(namespaces)
+        self.clock = clock
+        self.tracker = tracker or SettingsTracker()
+
+    @property
+    def settings(self) -> Settings:
+        return self.tracker.current
+
+    def refresh_settings(self) -> Settings:
+        """Re-read the ConfigMap; on any error keep what we had."""
+        try:
+            data = self.kube.read_configmap_data(self.settings_namespace, CONFIGMAP_NAME)
+        except Exception as error:  # the API may be briefly unreachable
+            log.warning(
+                "cannot read ConfigMap %s/%s: %s; keeping current settings",
+                self.settings_namespace,
+                CONFIGMAP_NAME,
+                error,
+            )
+            return self.tracker.current
+        return self.tracker.update(data)
+
+    def _list(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        if not self.namespaces:
+            return self.kube.list_jobs(), self.kube.list_pods(MANAGED_SELECTOR)
+        jobs: list[dict[str, Any]] = []
+        pods: list[dict[str, Any]] = []
+        for namespace in self.namespaces:
+            jobs += self.kube.list_jobs(namespace)
+            pods += self.kube.list_pods(MANAGED_SELECTOR, namespace)
+        return jobs, pods
+
+    def run_cycle(self) -> CycleReport:
+        """One full cycle. Raises only when the LISTs themselves fail."""
+        started = time.monotonic()
+        report = CycleReport()
+        settings = self.refresh_settings()
+        jobs, pods = self._list()
+        report.jobs, report.pods = len(jobs), len(pods)
+        by_owner: dict[str, PodView] = {}
+        for obj in pods:
+            view = PodView.from_object(obj, podspec.MAIN_CONTAINER)
+            if view.owner_uid:
+                by_owner[view.owner_uid] = view
+        for obj in jobs:
+            meta = obj.get("metadata", {})
+            try:
+                job = JobView.from_object(obj)
+                self._reconcile(job, by_owner.get(job.uid), settings, report)
+            except Exception as error:  # one job never stops the others
+                report.errors += 1
+                where = f"{meta.get('namespace')}/{meta.get('name')}"
+                report.error_messages.append(f"{where}: {error}")
+                log.exception("error handling LMEvalJob %s", where)
+        report.duration = time.monotonic() - started
+        return report
+
+    def _reconcile(
+        self, job: JobView, pod: PodView | None, settings: Settings, report: CycleReport
+    ) -> None:
+        now = self.clock()
+        decision = decisions.decide(job, pod, settings, now)
+        for _ in range(MAX_LOG_ROUNDS):
+            request = decision.needs_log
+            if request is None:
+                break
+            decision = decisions.decide(job, pod, settings, now, self._read_log(job, request))
+        for action in decision.actions:
+            if isinstance(action, CreatePod):
+                if not self._create_pod(job, action, now, report):
+                    return
+            elif isinstance(action, StoreResults):
+                self.kube.apply_configmap(action.manifest)
+            elif isinstance(action, PatchStatus):
+                self._patch_status(job, action)
+                report.patches += 1
+            elif isinstance(action, PostEvent):
+                self._post_event(job, action, now)
+
+    def _read_log(self, job: JobView, request: ReadLog) -> LogView:
+        try:
+            text = self.kube.read_log_tail(
+                job.namespace, request.pod, request.container, request.tail_lines
+            )
+        except NotFound as error:
+            return LogView(decode_text(""), request.tail_lines, unavailable=str(error))
+        except ApiException as error:
+            if error.status is None or error.status >= 500 or error.status == 429:
+                raise  # transient: read again next cycle
+            # The log is gone for good (node lost, pod evicted, ...): decide without it.
+            return LogView(decode_text(""), request.tail_lines, unavailable=_api_message(error))
+        return LogView(decode_text(text), request.tail_lines)
+
+    def _create_pod(
+        self, job: JobView, action: CreatePod, now: dt.datetime, report: CycleReport
+    ) -> bool:
+        try:
+            created = self.kube.create_pod(action.manifest)
+        except ApiException as error:
+            if error.status is None or error.status >= 500 or error.status == 429:
+                raise  # transient: the next cycle tries again
+            # Refused for good (admission, quota, invalid): the job cannot run.
+            message = f"the job pod was refused: {_api_message(error)}"
+            failed = decisions.decide_failure(job, now, message)
+            for follow_up in failed.actions:
+                if isinstance(follow_up, PatchStatus):
+                    self._patch_status(job, follow_up)
+                    report.patches += 1
+                elif isinstance(follow_up, PostEvent):
+                    self._post_event(job, follow_up, now)
+            return False
+        if created:
+            report.pods_created += 1
+        else:
+            log.info(
+                "adopting existing pod %s for %s/%s",
+                action.manifest["metadata"]["name"],
+                job.namespace,
+                job.name,
+            )
+        return True
+
+    def _patch_status(self, job: JobView, action: PatchStatus) -> None:
+        new = action.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        old = job.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        # A merge patch only removes a field that is explicitly null.
+        patch: dict[str, Any] = {**{key: None for key in old if key not in new}, **new}
+        try:
+            self.kube.patch_job_status(job.namespace, job.name, patch, action.resource_version)
+        except Conflict:
+            log.info(
+                "status of %s/%s changed meanwhile; deciding again next cycle",
+                job.namespace,
+                job.name,
+            )
+
+    def _post_event(self, job: JobView, action: PostEvent, now: dt.datetime) -> None:
+        try:
+            self.kube.post_event(
+                namespace=job.namespace,
+                job_name=job.name,
+                job_uid=job.uid,
+                event_type=action.type,
+                reason=action.reason,
+                message=action.message,
+                now=now,
+            )
+        except Exception as error:  # events are best effort
+            log.warning(
+                "cannot record event %s on %s/%s: %s", action.reason, job.namespace, job.name, error
+            )
+
+
+def _api_message(error: ApiException) -> str:
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        return str(error.reason)
+    return str(body.get("message") or error.reason)

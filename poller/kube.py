@@ -1,0 +1,244 @@
+"""The one layer of the poller that talks to the Kubernetes API.
+
+Everything above this module works on plain dicts and the views in
+`poller.model`; everything that touches the network is here, which is what
+makes the rest testable without a cluster and what lets every request be
+counted in one place (`on_request(verb, resource, code)`, wired to the
+``lmeval_kube_requests_total`` metric).
+
+Requests go through the client's plumbing (authentication, TLS, pooling)
+but not its typed models: lists are paged (``limit`` + ``continue``) and
+parsed with ``json.loads``, since building models for thousands of objects
+would cost more than the request itself, and bodies go out as the plain
+dicts the pure layers produce.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from poller import api
+
+__all__ = ["Conflict", "Kube", "NotFound"]
+
+log = logging.getLogger(__name__)
+
+RequestHook = Callable[[str, str, str], None]
+PAGE_SIZE = 500
+_JOBS = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
+REQUEST_TIMEOUT = 30.0
+
+
+class NotFound(Exception):
+    """The object does not exist (404)."""
+
+
+class Conflict(Exception):
+    """A write lost a race (409): re-read and decide again next cycle."""
+
+
+def _noop(verb: str, resource: str, code: str) -> None:
+    return None
+
+
+class Kube:
+    """Typed, counted access to exactly the API calls the poller makes."""
+
+    def __init__(self, api_client: client.ApiClient, on_request: RequestHook = _noop) -> None:
+        self.api_client = api_client
+        self.on_request = on_request
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        verb: str,
+        resource: str,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """One HTTP request; counted, and non-2xx turned into exceptions.
+
+        Bodies go out as plain JSON and come back as bytes: the client's typed
+        models are skipped on purpose (cost, and lossless round trips).
+        """
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        params = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        code = "error"
+        try:
+            response = self.api_client.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
+            data: bytes = response.read()  # type: ignore[no-untyped-call]
+            code = str(response.status)
+        finally:
+            self.on_request(verb, resource, code)
+        if response.status == 404:
+            raise NotFound(f"{resource} {path} not found")
+        if response.status == 409:
+            raise Conflict(f"{resource} {path}: conflict")
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        return data
+
+    # -- reads -----------------------------------------------------------------
+
+    def _list(self, path: str, resource: str, **query: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = json.loads(
+                self._request(
+                    "GET",
+                    path,
+                    verb="list",
+                    resource=resource,
+                    query={**query, "limit": PAGE_SIZE, "continue": token},
+                )
+            )
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every LMEvalJob (in `namespace`, or in all namespaces)."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list(f"{_JOBS}{where}/{api.PLURAL}", api.PLURAL)
+
+    def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Pods matching `label_selector` (in `namespace`, or in all namespaces)."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list(f"/api/v1{where}/pods", "pods", labelSelector=label_selector)
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data, or None when it does not exist."""
+        try:
+            raw = self._request(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                verb="get",
+                resource="configmaps",
+            )
+        except NotFound:
+            return None
+        data: dict[str, str] = json.loads(raw).get("data") or {}
+        return data
+
+    def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        """The last `tail_lines` lines of a container's log."""
+        raw = self._request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+            verb="get",
+            resource="pods/log",
+            query={"container": container, "tailLines": tail_lines},
+        )
+        return raw.decode("utf-8", errors="replace")
+
+    # -- writes ----------------------------------------------------------------
+
+    def create_pod(self, manifest: dict[str, Any]) -> bool:
+        """Create the pod; False when it already existed (the caller adopts it)."""
+        namespace = manifest["metadata"]["namespace"]
+        try:
+            self._request(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/pods",
+                verb="create",
+                resource="pods",
+                body=manifest,
+            )
+        except Conflict:
+            return False
+        return True
+
+    def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> None:
+        """Merge-patch /status; the resourceVersion turns a stale write into Conflict."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        self._request(
+            "PATCH",
+            f"{_JOBS}/namespaces/{namespace}/{api.PLURAL}/{name}/status",
+            verb="patch",
+            resource=f"{api.PLURAL}/status",
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
+    def apply_configmap(self, manifest: dict[str, Any]) -> None:
+        """Create a ConfigMap, or replace it when it exists (a retried cycle)."""
+        namespace = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        try:
+            self._request("POST", path, verb="create", resource="configmaps", body=manifest)
+        except Conflict:
+            self._request(
+                "PUT", f"{path}/{name}", verb="update", resource="configmaps", body=manifest
+            )
+
+    def post_event(
+        self,
+        *,
+        namespace: str,
+        job_name: str,
+        job_uid: str,
+        event_type: str,
+        reason: str,
+        message: str,
+        now: dt.datetime,
+    ) -> None:
+        """Record a core/v1 Event on the job (what `kubectl describe` shows)."""
+        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{job_name[:200]}.{uuid.uuid4().hex[:12]}",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+                "kind": api.KIND,
+                "name": job_name,
+                "namespace": namespace,
+                "uid": job_uid,
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "lmeval-poller"},
+            "reportingComponent": "lmeval-poller",
+            "reportingInstance": "lmeval-poller",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/events",
+            verb="create",
+            resource="events",
+            body=body,
+        )

@@ -1,0 +1,198 @@
+"""Typed views of what a cycle observed, and the actions it may take.
+
+The API layer turns raw API objects into these small frozen views; the
+decision function reads only them and returns actions; the actuator carries
+the actions out. Nothing here imports `kubernetes` or does I/O, which is what
+lets every transition be a table-driven unit test.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from driver.protocol import DecodedLog
+from poller import api
+
+__all__ = [
+    "Action",
+    "ContainerView",
+    "CreatePod",
+    "JobView",
+    "LogView",
+    "PatchStatus",
+    "PodView",
+    "PostEvent",
+    "ReadLog",
+    "StoreResults",
+    "format_time",
+]
+
+
+def format_time(moment: dt.datetime) -> str:
+    """RFC 3339 with second precision, as Kubernetes writes times."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One LMEvalJob as listed."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+    creation_timestamp: str
+    deleting: bool
+    spec: dict[str, Any]
+    status: api.LMEvalJobStatus
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> JobView:
+        meta = obj.get("metadata", {})
+        return cls(
+            namespace=meta.get("namespace", ""),
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            generation=int(meta.get("generation", 0) or 0),
+            resource_version=meta.get("resourceVersion", ""),
+            creation_timestamp=meta.get("creationTimestamp", ""),
+            deleting=bool(meta.get("deletionTimestamp")),
+            spec=obj.get("spec") or {},
+            status=api.LMEvalJobStatus.model_validate(obj.get("status") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """The main container's state as the kubelet reports it."""
+
+    state: str  # "waiting" | "running" | "terminated" | "unknown"
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any] | None) -> ContainerView:
+        state = (status or {}).get("state") or {}
+        if "terminated" in state:
+            t = state["terminated"] or {}
+            return cls(
+                "terminated",
+                reason=t.get("reason") or "",
+                message=t.get("message") or "",
+                exit_code=t.get("exitCode"),
+                signal=t.get("signal"),
+                started_at=t.get("startedAt"),
+                finished_at=t.get("finishedAt"),
+            )
+        if "running" in state:
+            return cls("running", started_at=(state["running"] or {}).get("startedAt"))
+        if "waiting" in state:
+            w = state["waiting"] or {}
+            return cls("waiting", reason=w.get("reason") or "", message=w.get("message") or "")
+        return cls("unknown")
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The job's pod as listed."""
+
+    name: str
+    namespace: str
+    uid: str
+    phase: str
+    deleting: bool
+    main: ContainerView
+    owner_uid: str
+    reason: str = ""
+    message: str = ""
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any], main_container: str) -> PodView:
+        meta = obj.get("metadata", {})
+        status = obj.get("status") or {}
+        main = next(
+            (c for c in status.get("containerStatuses") or [] if c.get("name") == main_container),
+            None,
+        )
+        owner: dict[str, Any] = next(
+            (o for o in meta.get("ownerReferences") or [] if o.get("controller")),
+            {},
+        )
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", ""),
+            uid=meta.get("uid", ""),
+            phase=status.get("phase") or "Pending",
+            deleting=bool(meta.get("deletionTimestamp")),
+            main=ContainerView.from_status(main),
+            owner_uid=owner.get("uid", ""),
+            reason=status.get("reason") or "",
+            message=status.get("message") or "",
+        )
+
+
+@dataclass(frozen=True)
+class LogView:
+    """The decoded tail of the main container's log, and how much was read."""
+
+    decoded: DecodedLog
+    tail_lines: int
+    # Why the log could not be read (the kubelet or node is gone, ...), if so.
+    unavailable: str | None = None
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """Replace the job's status; `resource_version` makes a stale write fail (409)."""
+
+    status: api.LMEvalJobStatus
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    """Read the main container's log tail, then decide again with it."""
+
+    pod: str
+    container: str
+    tail_lines: int
+
+
+@dataclass(frozen=True)
+class StoreResults:
+    """Create or replace the job's results ConfigMap."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PostEvent:
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
+
+
+Action = CreatePod | PatchStatus | ReadLog | StoreResults | PostEvent
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do for one job, in order."""
+
+    actions: list[Action] = field(default_factory=list)
+
+    @property
+    def needs_log(self) -> ReadLog | None:
+        return next((a for a in self.actions if isinstance(a, ReadLog)), None)

@@ -1,0 +1,287 @@
+"""Build the job pod for an LMEvalJob: a pure function of the job and settings.
+
+The pod is where least privilege is decided, so it is built by construction
+rather than patched afterwards: the restricted Pod Security profile (non-root,
+no privilege escalation, every capability dropped, RuntimeDefault seccomp, a
+read-only root filesystem with emptyDirs for the few writable paths), a
+service account without rights and without a mounted token, and an lm_eval
+command line assembled as an argv list. Options are passed as single
+``--flag=value`` tokens so that no value, whatever it contains, can be read
+by lm_eval's parser as another option.
+
+The pod name is derived from the job (name plus a short hash of its UID), so
+creating it twice is harmless: the second create meets AlreadyExists and the
+poller adopts the pod it already made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from poller import api
+from poller.settings import Settings
+
+__all__ = [
+    "DRIVER_MOUNT",
+    "LABEL_JOB_NAME",
+    "LABEL_JOB_UID",
+    "LABEL_MANAGED_BY",
+    "MAIN_CONTAINER",
+    "MANAGED_BY",
+    "JobPodError",
+    "build_pod",
+    "lm_eval_argv",
+    "pod_name",
+]
+
+MANAGED_BY = "lmeval-poller"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_JOB_NAME = f"{api.API_GROUP}/job-name"
+LABEL_JOB_UID = f"{api.API_GROUP}/job-uid"
+MAIN_CONTAINER = "lmeval"
+
+OUTPUT_ROOT = "/outputs"
+HF_HOME = "/cache/huggingface"
+DRIVER_MOUNT = "/opt/lmeval-driver"
+# Where the driver image keeps the `driver` package (see the Dockerfile).
+DRIVER_IMAGE_SOURCE = "/opt/lmeval/driver"
+OFFLINE_ENV = (
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_EVALUATE_OFFLINE",
+)
+# The driver must finish reporting before the kubelet's SIGKILL.
+TERMINATION_GRACE_SECONDS = 30
+DRIVER_GRACE_SECONDS = 20
+# Environment the job may not override: it would defeat the offline switch
+# or move the driver's paths.
+RESERVED_ENV = frozenset({*OFFLINE_ENV, "HF_HOME", "LMEVAL_OUTPUT_ROOT", "PYTHONPATH", "HOME"})
+
+_NAME_LIMIT = 63
+# The container's own /tmp, an emptyDir (the root filesystem is read-only).
+POD_TMP = "/tmp"  # noqa: S108
+
+
+class JobPodError(ValueError):
+    """The job cannot become a pod; the message says what to fix."""
+
+
+def pod_name(job_name: str, job_uid: str) -> str:
+    """Deterministic pod name: the job's name (cut) plus 6 hex of its UID."""
+    suffix = hashlib.sha256(job_uid.encode()).hexdigest()[:6]
+    stem = job_name[: _NAME_LIMIT - len(suffix) - 1].rstrip("-.")
+    return f"{stem}-{suffix}"
+
+
+def _label_value(text: str) -> str:
+    value = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63]
+    return value.strip("-_.")
+
+
+def _pairs(items: list[api.NameValue] | None) -> str:
+    return ",".join(f"{item.name}={item.value}" for item in items or [])
+
+
+def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
+    """lm_eval's arguments for `spec` (after ``python -m lm_eval``)."""
+    if spec.allow_code_execution and not settings.allow_code_execution:
+        raise JobPodError(
+            "spec.allowCodeExecution is true but the poller settings do not allow code "
+            "execution (allow-code-execution: false in ConfigMap lmeval-poller-config)"
+        )
+    if spec.allow_online and not settings.allow_online:
+        raise JobPodError(
+            "spec.allowOnline is true but the poller settings do not allow online jobs "
+            "(allow-online: false in ConfigMap lmeval-poller-config)"
+        )
+    argv = [f"--model={spec.model}", f"--tasks={','.join(spec.tasks)}"]
+    if spec.model_args:
+        argv.append(f"--model_args={_pairs(spec.model_args)}")
+    if spec.num_few_shot is not None:
+        argv.append(f"--num_fewshot={spec.num_few_shot}")
+    if spec.limit is not None:
+        argv.append(f"--limit={spec.limit}")
+    if spec.gen_args:
+        argv.append(f"--gen_kwargs={_pairs(spec.gen_args)}")
+    if spec.batch_size is not None:
+        argv.append(f"--batch_size={spec.batch_size}")
+    if spec.log_samples:
+        argv.append("--log_samples")
+    if spec.allow_code_execution:
+        argv.append("--confirm_run_unsafe_code")
+    return argv
+
+
+def _security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _env(
+    spec: api.LMEvalJobSpec, settings: Settings, use_copied_driver: bool
+) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": POD_TMP},
+        {"name": "HF_HOME", "value": HF_HOME},
+        {"name": "LMEVAL_OUTPUT_ROOT", "value": OUTPUT_ROOT},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if use_copied_driver:
+        env.append({"name": "PYTHONPATH", "value": DRIVER_MOUNT})
+    if not (spec.allow_online and settings.allow_online):
+        env += [{"name": name, "value": "1"} for name in OFFLINE_ENV]
+    for item in (spec.pod.env if spec.pod else None) or []:
+        if item.name in RESERVED_ENV:
+            raise JobPodError(
+                f"spec.pod.env: {item.name} is set by the poller and cannot be overridden"
+            )
+        env.append({"name": item.name, "value": item.value})
+    for secret in spec.env_secrets or []:
+        if secret.env in RESERVED_ENV:
+            raise JobPodError(f"spec.envSecrets: {secret.env} is set by the poller")
+        env.append(
+            {
+                "name": secret.env,
+                "valueFrom": {
+                    "secretKeyRef": {"name": secret.secret_ref.name, "key": secret.secret_ref.key}
+                },
+            }
+        )
+    return env
+
+
+def build_pod(
+    *, name: str, namespace: str, uid: str, spec: api.LMEvalJobSpec, settings: Settings
+) -> dict[str, Any]:
+    """The complete pod manifest for job `namespace/name` with UID `uid`.
+
+    Raises JobPodError when the spec asks for something the settings forbid.
+    """
+    use_copied_driver = bool(settings.driver_image)
+    driver_args = [
+        f"--output-root={OUTPUT_ROOT}",
+        f"--grace-period={DRIVER_GRACE_SECONDS}",
+    ]
+    if settings.results_source == "exec":
+        driver_args.append("--hold-seconds=300")
+    driver = ["python", "-m", "driver"] if use_copied_driver else ["lmeval-driver"]
+    command = [
+        *driver,
+        *driver_args,
+        "--",
+        "python",
+        "-m",
+        "lm_eval",
+        *lm_eval_argv(spec, settings),
+    ]
+
+    volumes: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "hf-home", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "tmp", "mountPath": POD_TMP},
+        {"name": "hf-home", "mountPath": HF_HOME},
+    ]
+    pvc = spec.outputs.pvc_name if spec.outputs else None
+    if pvc:
+        volumes.append({"name": "outputs", "persistentVolumeClaim": {"claimName": pvc}})
+    else:
+        volumes.append({"name": "outputs", "emptyDir": {}})
+    mounts.append({"name": "outputs", "mountPath": OUTPUT_ROOT})
+    for index, secret in enumerate(spec.file_secrets or []):
+        volume: dict[str, Any] = {"secretName": secret.secret_ref.secret_name}
+        if secret.secret_ref.items:
+            volume["items"] = [{"key": i.key, "path": i.path} for i in secret.secret_ref.items]
+        volumes.append({"name": f"secret-{index}", "secret": volume})
+        mounts.append({"name": f"secret-{index}", "mountPath": secret.mount_path, "readOnly": True})
+
+    init_containers: list[dict[str, Any]] = []
+    if use_copied_driver:
+        volumes.append({"name": "driver", "emptyDir": {}})
+        mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
+        init_containers.append(
+            {
+                "name": "install-driver",
+                "image": settings.driver_image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": ["cp", "-R", DRIVER_IMAGE_SOURCE, f"{DRIVER_MOUNT}/"],
+                "securityContext": _security_context(),
+                "volumeMounts": [{"name": "driver", "mountPath": DRIVER_MOUNT}],
+                "resources": {
+                    "requests": {"cpu": "10m", "memory": "16Mi"},
+                    "limits": {"memory": "64Mi"},
+                },
+            }
+        )
+
+    main: dict[str, Any] = {
+        "name": MAIN_CONTAINER,
+        "image": settings.pod_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command,
+        "env": _env(spec, settings, use_copied_driver),
+        "securityContext": _security_context(),
+        "volumeMounts": mounts,
+        "workingDir": POD_TMP,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    resources = spec.pod.resources if spec.pod else None
+    if resources:
+        main["resources"] = resources.model_dump(exclude_none=True)
+
+    labels = dict(spec.labels or {})
+    labels.update(
+        {
+            LABEL_MANAGED_BY: MANAGED_BY,
+            LABEL_JOB_NAME: _label_value(name),
+            LABEL_JOB_UID: uid,
+        }
+    )
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": settings.job_service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [main],
+        "volumes": volumes,
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    if spec.pod and spec.pod.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.pod.node_selector)
+    if spec.pod and spec.pod.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in spec.pod.tolerations
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, uid),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": dict(spec.annotations or {}),
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+                    "kind": api.KIND,
+                    "name": name,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": pod_spec,
+    }

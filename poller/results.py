@@ -1,0 +1,125 @@
+"""Where an evaluation's results go: the job's status and its results ConfigMap.
+
+Status must stay small (every LIST of jobs carries it, and etcd objects are
+capped at about 1.5 MiB), while a results JSON for a large task group is
+dominated by the echoed task configs. So status gets the results reduced to a
+budget, dropping the bulky, reproducible parts first, and the complete JSON
+goes to a ConfigMap owned by the job (gzip'd into binaryData when it would
+not fit as text). Pure functions: the actuator does the writing.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from typing import Any
+
+from poller import api
+
+__all__ = [
+    "RESULTS_KEY",
+    "STATUS_RESULTS_BUDGET",
+    "reduce_results",
+    "results_configmap",
+    "results_configmap_name",
+]
+
+STATUS_RESULTS_BUDGET = 256 * 1024
+CONFIGMAP_TEXT_LIMIT = 900 * 1024
+RESULTS_KEY = "results.json"
+# Dropped in this order until the JSON fits: echoed configs first, then
+# provenance, never the scores themselves ("results", "groups").
+_DROP_ORDER = (
+    "configs",
+    "config",
+    "task_hashes",
+    "samples",
+    "git_hash",
+    "pretty_env_info",
+    "transformers_version",
+    "upper_git_hash",
+    "n-samples",
+    "higher_is_better",
+    "versions",
+    "n-shot",
+    "group_subtasks",
+)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def reduce_results(
+    results: dict[str, Any], budget: int = STATUS_RESULTS_BUDGET
+) -> tuple[str, bool]:
+    """The results JSON as a string of at most `budget` bytes, and whether parts were dropped."""
+    text = _dumps(results)
+    if len(text.encode()) <= budget:
+        return text, False
+    reduced = dict(results)
+    for key in _DROP_ORDER:
+        if key in reduced:
+            del reduced[key]
+            text = _dumps(reduced)
+            if len(text.encode()) <= budget:
+                return text, True
+    # Still too large (thousands of tasks): keep the scores of as many tasks as fit.
+    scores: dict[str, Any] = {}
+    kept: dict[str, Any] = {"results": scores, "truncated": True}
+    for task, metrics in (results.get("results") or {}).items():
+        scores[task] = metrics
+        if len(_dumps(kept).encode()) > budget:
+            del scores[task]
+            break
+    return _dumps(kept), True
+
+
+def results_configmap_name(job_name: str) -> str:
+    return f"{job_name[:245]}-results"
+
+
+def results_configmap(
+    *,
+    namespace: str,
+    job_name: str,
+    job_uid: str,
+    results: dict[str, Any] | None,
+    labels: dict[str, str],
+    extra_data: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The ConfigMap that holds the complete results, owned by the job."""
+    data: dict[str, str] = dict(extra_data or {})
+    binary: dict[str, str] = {}
+    if results is not None:
+        text = json.dumps(results, indent=1, sort_keys=True)
+        if len(text.encode()) <= CONFIGMAP_TEXT_LIMIT:
+            data[RESULTS_KEY] = text
+        else:
+            binary[RESULTS_KEY + ".gz"] = base64.b64encode(
+                gzip.compress(text.encode(), mtime=0)
+            ).decode()
+    manifest: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": results_configmap_name(job_name),
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+                    "kind": api.KIND,
+                    "name": job_name,
+                    "uid": job_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "data": data,
+    }
+    if binary:
+        manifest["binaryData"] = binary
+    return manifest
