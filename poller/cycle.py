@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -62,6 +62,9 @@ class CycleReport:
     errors: int = 0
     duration: float = 0.0
     error_messages: list[str] = field(default_factory=list)
+    # Every job as it stands after this cycle (status as written), for the
+    # metrics collector: an immutable picture of the last cycle.
+    snapshot: list[JobView] = field(default_factory=list)
 
 
 class Poller:
@@ -123,21 +126,25 @@ class Poller:
             if view.owner_uid:
                 by_owner[view.owner_uid] = view
         for obj in jobs:
-            meta = obj.get("metadata", {})
+            job: JobView | None = None
             try:
                 job = JobView.from_object(obj)
-                self._reconcile(job, by_owner.get(job.uid), settings, report)
+                job = self._reconcile(job, by_owner.get(job.uid), settings, report)
             except Exception as error:  # one job never stops the others
-                report.errors += 1
+                meta = obj.get("metadata", {})
                 where = f"{meta.get('namespace')}/{meta.get('name')}"
+                report.errors += 1
                 report.error_messages.append(f"{where}: {error}")
                 log.exception("error handling LMEvalJob %s", where)
+            if job is not None:
+                report.snapshot.append(job)
         report.duration = time.monotonic() - started
         return report
 
     def _reconcile(
         self, job: JobView, pod: PodView | None, settings: Settings, report: CycleReport
-    ) -> None:
+    ) -> JobView:
+        """Decide and act for one job; returns the job as it now stands."""
         now = self.clock()
         decision = decisions.decide(job, pod, settings, now)
         for _ in range(MAX_LOG_ROUNDS):
@@ -145,17 +152,20 @@ class Poller:
             if request is None:
                 break
             decision = decisions.decide(job, pod, settings, now, self._read_log(job, request))
+        current = job
         for action in decision.actions:
             if isinstance(action, CreatePod):
                 if not self._create_pod(job, action, now, report):
-                    return
+                    return current
             elif isinstance(action, StoreResults):
                 self.kube.apply_configmap(action.manifest)
             elif isinstance(action, PatchStatus):
-                self._patch_status(job, action)
+                if self._patch_status(job, action):
+                    current = replace(job, status=action.status)
                 report.patches += 1
             elif isinstance(action, PostEvent):
                 self._post_event(job, action, now)
+        return current
 
     def _read_log(self, job: JobView, request: ReadLog) -> LogView:
         try:
@@ -200,19 +210,22 @@ class Poller:
             )
         return True
 
-    def _patch_status(self, job: JobView, action: PatchStatus) -> None:
+    def _patch_status(self, job: JobView, action: PatchStatus) -> bool:
+        """Write the status; False when another writer got there first."""
         new = action.status.model_dump(by_alias=True, exclude_none=True, mode="json")
         old = job.status.model_dump(by_alias=True, exclude_none=True, mode="json")
         # A merge patch only removes a field that is explicitly null.
         patch: dict[str, Any] = {**{key: None for key in old if key not in new}, **new}
         try:
             self.kube.patch_job_status(job.namespace, job.name, patch, action.resource_version)
+            return True
         except Conflict:
             log.info(
                 "status of %s/%s changed meanwhile; deciding again next cycle",
                 job.namespace,
                 job.name,
             )
+            return False
 
     def _post_event(self, job: JobView, action: PostEvent, now: dt.datetime) -> None:
         try:
