@@ -20,6 +20,10 @@ from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client
 from tests.waiting import wait_for
 
+# Poller fixtures (CRD and RBAC installed, the poller's ServiceAccount, jobs,
+# captured lm_eval runs) are shared by every test group that needs them.
+pytest_plugins = ["tests.poller_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:

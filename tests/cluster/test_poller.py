@@ -27,7 +27,7 @@ from poller.kube import Kube
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, service_account_kubeconfig
 from poller.service import PollingService
-from tests.cluster.conftest import (
+from tests.poller_fixtures import (
     BASE_SETTINGS,
     POLLER_NS,
     POLLER_USER,

@@ -33,7 +33,7 @@ from poller.settings import CONFIGMAP_NAME
 from tests.driver.conftest import child_env, plain_rows, write_tasks
 from tests.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 POLLER_NS = "lmeval-system"
 POLLER_USER = f"system:serviceaccount:{POLLER_NS}:lmeval-poller"
 JOB_SA_MANIFEST = REPO / "deploy" / "components" / "job-namespace" / "job-serviceaccount.yaml"
