@@ -161,6 +161,15 @@ class PodOverride(_Model):
     tolerations: list[Toleration] | None = Field(default=None, description="Pod tolerations.")
 
 
+class CustomTasks(_Model):
+    """Task YAML files and their data, from a ConfigMap, for offline clusters."""
+
+    config_map: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+        description="ConfigMap whose keys are task YAML and data files. Mounted at "
+        "/opt/lmeval/tasks/<name>; data_files paths in the YAML must be absolute under it."
+    )
+
+
 class Outputs(_Model):
     pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="PersistentVolumeClaim that receives the full outputs."
@@ -201,6 +210,10 @@ class LMEvalJobSpec(_Model):
     )
     file_secrets: list[FileSecret] | None = Field(
         default=None, description="Secrets mounted as files."
+    )
+    custom_tasks: Annotated[list[CustomTasks], Field(max_length=16)] | None = Field(
+        default=None,
+        description="ConfigMaps with task definitions, passed to lm_eval with --include_path.",
     )
     pod: PodOverride | None = Field(default=None, description="Restricted pod overrides.")
     outputs: Outputs | None = Field(default=None, description="Where full outputs go.")

@@ -184,20 +184,27 @@ class Poller:
     def _create_pod(
         self, job: JobView, action: CreatePod, now: dt.datetime, report: CycleReport
     ) -> bool:
+        missing = [
+            name
+            for name in _custom_task_configmaps(action.manifest)
+            if not self.kube.configmap_exists(job.namespace, name)
+        ]
+        if missing:
+            self._apply_failure(
+                job,
+                now,
+                report,
+                f"spec.customTasks: ConfigMap {', '.join(missing)} not found in namespace "
+                f"{job.namespace}",
+            )
+            return False
         try:
             created = self.kube.create_pod(action.manifest)
         except ApiException as error:
             if error.status is None or error.status >= 500 or error.status == 429:
                 raise  # transient: the next cycle tries again
             # Refused for good (admission, quota, invalid): the job cannot run.
-            message = f"the job pod was refused: {_api_message(error)}"
-            failed = decisions.decide_failure(job, now, message)
-            for follow_up in failed.actions:
-                if isinstance(follow_up, PatchStatus):
-                    self._patch_status(job, follow_up)
-                    report.patches += 1
-                elif isinstance(follow_up, PostEvent):
-                    self._post_event(job, follow_up, now)
+            self._apply_failure(job, now, report, f"the job pod was refused: {_api_message(error)}")
             return False
         if created:
             report.pods_created += 1
@@ -209,6 +216,16 @@ class Poller:
                 job.name,
             )
         return True
+
+    def _apply_failure(
+        self, job: JobView, now: dt.datetime, report: CycleReport, message: str
+    ) -> None:
+        for follow_up in decisions.decide_failure(job, now, message).actions:
+            if isinstance(follow_up, PatchStatus):
+                self._patch_status(job, follow_up)
+                report.patches += 1
+            elif isinstance(follow_up, PostEvent):
+                self._post_event(job, follow_up, now)
 
     def _patch_status(self, job: JobView, action: PatchStatus) -> bool:
         """Write the status; False when another writer got there first."""
@@ -242,6 +259,11 @@ class Poller:
             log.warning(
                 "cannot record event %s on %s/%s: %s", action.reason, job.namespace, job.name, error
             )
+
+
+def _custom_task_configmaps(manifest: dict[str, Any]) -> list[str]:
+    volumes = manifest.get("spec", {}).get("volumes") or []
+    return [v["configMap"]["name"] for v in volumes if "configMap" in v]
 
 
 def _api_message(error: ApiException) -> str:

@@ -142,6 +142,9 @@ class Kube:
         data: dict[str, str] = json.loads(raw).get("data") or {}
         return data
 
+    def configmap_exists(self, namespace: str, name: str) -> bool:
+        return self.read_configmap_data(namespace, name) is not None
+
     def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
         """The last `tail_lines` lines of a container's log."""
         raw = self._request(

@@ -24,6 +24,7 @@ from poller import api
 from poller.settings import Settings
 
 __all__ = [
+    "CUSTOM_TASKS_ROOT",
     "DRIVER_MOUNT",
     "LABEL_JOB_NAME",
     "LABEL_JOB_UID",
@@ -45,6 +46,7 @@ MAIN_CONTAINER = "lmeval"
 OUTPUT_ROOT = "/outputs"
 HF_HOME = "/cache/huggingface"
 DRIVER_MOUNT = "/opt/lmeval-driver"
+CUSTOM_TASKS_ROOT = "/opt/lmeval/tasks"
 # Where the driver image keeps the `driver` package (see the Dockerfile).
 DRIVER_IMAGE_SOURCE = "/opt/lmeval/driver"
 OFFLINE_ENV = (
@@ -112,6 +114,9 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
         argv.append("--log_samples")
     if spec.allow_code_execution:
         argv.append("--confirm_run_unsafe_code")
+    if spec.custom_tasks:
+        # lm_eval scans the directory recursively: one path covers every ConfigMap.
+        argv.append(f"--include_path={CUSTOM_TASKS_ROOT}")
     return argv
 
 
@@ -203,6 +208,17 @@ def build_pod(
             volume["items"] = [{"key": i.key, "path": i.path} for i in secret.secret_ref.items]
         volumes.append({"name": f"secret-{index}", "secret": volume})
         mounts.append({"name": f"secret-{index}", "mountPath": secret.mount_path, "readOnly": True})
+
+    for source in spec.custom_tasks or []:
+        volume_name = f"tasks-{hashlib.sha256(source.config_map.encode()).hexdigest()[:10]}"
+        volumes.append({"name": volume_name, "configMap": {"name": source.config_map}})
+        mounts.append(
+            {
+                "name": volume_name,
+                "mountPath": f"{CUSTOM_TASKS_ROOT}/{source.config_map}",
+                "readOnly": True,
+            }
+        )
 
     init_containers: list[dict[str, Any]] = []
     if use_copied_driver:
