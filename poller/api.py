@@ -228,6 +228,24 @@ class LMEvalJobSpec(_Model):
         description="Let the evaluation reach model hubs and dataset hosts. Needs allow-online "
         "in the poller settings too.",
     )
+    suspend: bool | None = Field(
+        default=None,
+        description="True stops the job (its pod is deleted) until set back to false, which "
+        "starts a fresh pod.",
+    )
+    cancel: bool | None = Field(
+        default=None, description="True stops the job for good: it ends Complete/Cancelled."
+    )
+    active_deadline_seconds: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="Seconds the job may run (time suspended does not count); then it ends "
+        "Failed with DeadlineExceeded.",
+    )
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="Delete the job (its pod and results ConfigMap go with it) this long after "
+        "it finished. Defaults to the poller setting default-ttl-seconds-after-finished.",
+    )
     allow_code_execution: bool | None = Field(
         default=None,
         description="Allow tasks that execute model-written code. Needs allow-code-execution "
@@ -241,6 +259,8 @@ class JobState(StrEnum):
     RUNNING = "Running"
     COMPLETE = "Complete"
     SUSPENDED = "Suspended"
+    # Never written by the poller: a seed-style cancel request written by a user.
+    CANCELLED = "Cancelled"
 
 
 class JobReason(StrEnum):
@@ -273,6 +293,7 @@ class Progress(_Model):
     percent: float | None = Field(default=None, description="0 to 100.")
     phase: str | None = Field(default=None, description="What lm_eval is doing.")
     line: str | None = Field(default=None, description="The driver's last progress report.")
+    update_time: str | None = Field(default=None, description="When the poller last read it.")
 
 
 class LMEvalJobStatus(_Model):
@@ -284,6 +305,13 @@ class LMEvalJobStatus(_Model):
     pod_name: str | None = Field(default=None, description="The job pod.")
     last_schedule_time: str | None = Field(default=None, description="When the pod was created.")
     complete_time: str | None = Field(default=None, description="When the job finished.")
+    start_time: str | None = Field(
+        default=None, description="When the first pod was created (for activeDeadlineSeconds)."
+    )
+    suspend_time: str | None = Field(default=None, description="When the job was last suspended.")
+    suspended_seconds: int | None = Field(
+        default=None, description="Time spent suspended; not counted against the deadline."
+    )
     progress: Progress | None = Field(default=None, description="Latest progress report.")
     results: str | None = Field(
         default=None, description="lm_eval results JSON (reduced when large; see resultsConfigMap)."
@@ -292,7 +320,12 @@ class LMEvalJobStatus(_Model):
         default=None, description="True when results omits parts of the full results JSON."
     )
     results_config_map: str | None = Field(
-        default=None, description="ConfigMap (owned by the job) holding the complete results."
+        default=None,
+        description="ConfigMap (owned by the job) holding the complete results and the "
+        "archived tail of the pod log.",
+    )
+    results_source: str | None = Field(
+        default=None, description="Where the results were read: log or exec."
     )
     conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
     observed_generation: int | None = Field(

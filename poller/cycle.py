@@ -23,18 +23,24 @@ from kubernetes.client.exceptions import ApiException
 
 from driver.protocol import decode_text
 from poller import decide as decisions
-from poller import podspec
+from poller import podspec, results
 from poller.kube import Conflict, Kube, NotFound
 from poller.model import (
+    ArchiveLog,
     CreatePod,
+    Decision,
+    DeleteJob,
+    DeletePod,
     JobView,
     LogView,
     PatchStatus,
     PodView,
     PostEvent,
+    QueueSlot,
     ReadLog,
     StoreResults,
 )
+from poller.queue import plan_queue
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 
 __all__ = ["CycleReport", "Poller", "utc_now"]
@@ -45,6 +51,8 @@ MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
 # A decision may ask for the log, then for a longer tail when the results
 # were cut off; each round is one log read.
 MAX_LOG_ROUNDS = 4
+# Enough lines to hold log-archive-bytes of ordinary output.
+ARCHIVE_TAIL_LINES = 5000
 
 
 def utc_now() -> dt.datetime:
@@ -84,6 +92,9 @@ class Poller:
         self.namespaces = list(namespaces)
         self.clock = clock
         self.tracker = tracker or SettingsTracker()
+        # When each running job's log was last read for progress (monotonic
+        # seconds): a rate limiter only, so losing it on restart is harmless.
+        self._progress_read_at: dict[str, float] = {}
 
     @property
     def settings(self) -> Settings:
@@ -118,54 +129,122 @@ class Poller:
         started = time.monotonic()
         report = CycleReport()
         settings = self.refresh_settings()
-        jobs, pods = self._list()
-        report.jobs, report.pods = len(jobs), len(pods)
+        objects, pods = self._list()
+        report.jobs, report.pods = len(objects), len(pods)
         by_owner: dict[str, PodView] = {}
         for obj in pods:
             view = PodView.from_object(obj, podspec.MAIN_CONTAINER)
             if view.owner_uid:
                 by_owner[view.owner_uid] = view
-        for obj in jobs:
-            job: JobView | None = None
+        jobs: list[JobView] = []
+        for obj in objects:
             try:
-                job = JobView.from_object(obj)
-                job = self._reconcile(job, by_owner.get(job.uid), settings, report)
+                jobs.append(JobView.from_object(obj))
+            except Exception as error:  # one bad object never stops the others
+                self._count_error(report, obj.get("metadata", {}), error)
+        queue = plan_queue(jobs, by_owner, settings.max_running_jobs)
+        progress_budget = settings.progress_reads_per_cycle
+        for job in jobs:
+            pod = by_owner.get(job.uid)
+            due = self._progress_due(job, pod, settings) and progress_budget > 0
+            try:
+                current, read_progress = self._reconcile(
+                    job, pod, settings, report, queue.get(job.uid), due
+                )
+                progress_budget -= read_progress
+                report.snapshot.append(current)
             except Exception as error:  # one job never stops the others
-                meta = obj.get("metadata", {})
-                where = f"{meta.get('namespace')}/{meta.get('name')}"
-                report.errors += 1
-                report.error_messages.append(f"{where}: {error}")
-                log.exception("error handling LMEvalJob %s", where)
-            if job is not None:
                 report.snapshot.append(job)
+                self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
+        self._forget_progress(by_owner)
         report.duration = time.monotonic() - started
         return report
 
+    @staticmethod
+    def _count_error(report: CycleReport, meta: dict[str, Any], error: Exception) -> None:
+        where = f"{meta.get('namespace')}/{meta.get('name')}"
+        report.errors += 1
+        report.error_messages.append(f"{where}: {error}")
+        log.error("error handling LMEvalJob %s: %s", where, error, exc_info=error)
+
+    def _progress_due(self, job: JobView, pod: PodView | None, settings: Settings) -> bool:
+        if pod is None or pod.main.state != "running":
+            return False
+        last = self._progress_read_at.get(job.uid)
+        return last is None or time.monotonic() - last >= settings.progress_interval
+
+    def _forget_progress(self, pods: dict[str, PodView]) -> None:
+        # The rate limiter only remembers jobs that still have a running pod.
+        for uid in [u for u in self._progress_read_at if u not in pods]:
+            del self._progress_read_at[uid]
+
     def _reconcile(
-        self, job: JobView, pod: PodView | None, settings: Settings, report: CycleReport
-    ) -> JobView:
-        """Decide and act for one job; returns the job as it now stands."""
+        self,
+        job: JobView,
+        pod: PodView | None,
+        settings: Settings,
+        report: CycleReport,
+        slot: QueueSlot | None,
+        progress_due: bool,
+    ) -> tuple[JobView, int]:
+        """Decide and act for one job; returns the job as it now stands and the
+        number of progress log reads spent."""
         now = self.clock()
-        decision = decisions.decide(job, pod, settings, now)
+
+        def decide(log_view: LogView | None = None) -> Decision:
+            return decisions.decide(
+                job, pod, settings, now, log_view, queue=slot, progress_due=progress_due
+            )
+
+        decision = decide()
+        progress_reads = 0
         for _ in range(MAX_LOG_ROUNDS):
             request = decision.needs_log
             if request is None:
                 break
-            decision = decisions.decide(job, pod, settings, now, self._read_log(job, request))
+            if request.purpose == "progress":
+                progress_reads += 1
+                self._progress_read_at[job.uid] = time.monotonic()
+            decision = decide(self._read_log(job, request))
         current = job
         for action in decision.actions:
             if isinstance(action, CreatePod):
                 if not self._create_pod(job, action, now, report):
-                    return current
+                    return current, progress_reads
             elif isinstance(action, StoreResults):
-                self.kube.apply_configmap(action.manifest)
+                self.kube.apply_configmap(action.manifest, merge=True)
+            elif isinstance(action, ArchiveLog):
+                self._archive_log(job, action)
+            elif isinstance(action, DeletePod):
+                self.kube.delete_pod(job.namespace, action.name)
+            elif isinstance(action, DeleteJob):
+                self.kube.delete_job(job.namespace, job.name)
             elif isinstance(action, PatchStatus):
                 if self._patch_status(job, action):
                     current = replace(job, status=action.status)
                 report.patches += 1
             elif isinstance(action, PostEvent):
                 self._post_event(job, action, now)
-        return current
+        return current, progress_reads
+
+    def _archive_log(self, job: JobView, action: ArchiveLog) -> None:
+        """Keep the log's last bytes; a log that cannot be read is noted, not fatal."""
+        try:
+            text = self.kube.read_log_tail(
+                job.namespace, action.pod, action.container, ARCHIVE_TAIL_LINES
+            )
+        except Exception as error:  # the archive is best effort; deletion goes on
+            text = f"(the pod log could not be read before deletion: {error})"
+        tail = text.encode()[-action.max_bytes :].decode("utf-8", errors="ignore")
+        manifest = results.results_configmap(
+            namespace=job.namespace,
+            job_name=job.name,
+            job_uid=job.uid,
+            results=None,
+            labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
+            extra_data={results.LOG_ARCHIVE_KEY: tail},
+        )
+        self.kube.apply_configmap(manifest, merge=True)
 
     def _read_log(self, job: JobView, request: ReadLog) -> LogView:
         try:

@@ -1,16 +1,19 @@
 """Decide what to do for one LMEvalJob: a pure function.
 
-``decide(job, pod, settings, now, log)`` looks at the job, its pod (or None),
-the settings, the injected clock and, when it asked for it, the decoded log
-tail, and returns the actions that move the job one step along
+``decide(job, pod, settings, now, log, ...)`` looks at the job, its pod (or
+None), the settings, the injected clock and, when it asked for it, the
+decoded log tail, and returns the actions that move the job one step along
 
     New -> Scheduled -> Running -> Complete (Succeeded | Failed | Cancelled)
+                 \\-> Suspended -> (resume) -> Scheduled ...
 
 It is level-triggered and idempotent: given the same observation it returns
 the same actions, and once the status reflects the observation it returns no
 status patch at all, so an idle cycle writes nothing. It never re-creates a
-pod for a job that already had one: a vanished pod ends the job Failed.
-It does no I/O and imports nothing from `kubernetes`.
+pod behind the user's back: a vanished or evicted pod ends the job Failed;
+only an explicit resume starts a fresh pod. Whenever it deletes a pod that
+ran, it first asks for the log tail to be archived. It does no I/O and
+imports nothing from `kubernetes`.
 """
 
 from __future__ import annotations
@@ -24,27 +27,53 @@ from driver import protocol
 from poller import api, podspec, results
 from poller.model import (
     Action,
+    ArchiveLog,
     CreatePod,
     Decision,
+    DeleteJob,
+    DeletePod,
     JobView,
     LogView,
     PatchStatus,
     PodView,
     PostEvent,
+    QueueSlot,
     ReadLog,
     StoreResults,
     format_time,
+    parse_time,
 )
 from poller.settings import Settings
 
-__all__ = ["FIRST_TAIL_LINES", "MAX_TAIL_LINES", "decide", "decide_failure", "set_condition"]
+__all__ = [
+    "FIRST_TAIL_LINES",
+    "MAX_TAIL_LINES",
+    "PROGRESS_TAIL_LINES",
+    "decide",
+    "decide_failure",
+    "set_condition",
+]
 
 # Results markers are ~32 KiB lines; a toy run's whole log is a few hundred
 # lines. Start small and enlarge only when the decoder says the log was cut.
 FIRST_TAIL_LINES = 400
 MAX_TAIL_LINES = 25_600
+# Progress markers are rate-limited by the driver; the newest is near the end.
+PROGRESS_TAIL_LINES = 60
+# Waiting reasons that only resolve when someone acts; they still fail only
+# after pod-pending-timeout, but their words are what the message quotes.
+_WAITING_CAUSES = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+)
 
 C = api.ConditionType
+S = api.JobState
+R = api.JobReason
 
 
 def set_condition(
@@ -59,35 +88,28 @@ def set_condition(
     """Conditions with `kind` set; lastTransitionTime moves only when status flips."""
     wanted = "True" if status else "False"
     out: list[api.Condition] = []
-    found = False
+    previous: api.Condition | None = None
     for condition in conditions:
-        if condition.type != kind.value:
+        if condition.type == kind.value:
+            previous = condition
+        else:
             out.append(condition)
-            continue
-        found = True
-        moved = condition.status != wanted
-        out.append(
-            api.Condition(
-                type=kind.value,
-                status=wanted,
-                reason=reason,
-                message=message,
-                last_transition_time=now if moved else condition.last_transition_time,
-                observed_generation=generation,
-            )
+    moved = previous is None or previous.status != wanted
+    out.append(
+        api.Condition(
+            type=kind.value,
+            status=wanted,
+            reason=reason,
+            message=message,
+            last_transition_time=now
+            if moved or previous is None
+            else previous.last_transition_time,
+            observed_generation=generation,
         )
-    if not found:
-        out.append(
-            api.Condition(
-                type=kind.value,
-                status=wanted,
-                reason=reason,
-                message=message,
-                last_transition_time=now,
-                observed_generation=generation,
-            )
-        )
-    return out
+    )
+    # Keep a stable order so that an unchanged set compares equal.
+    order = {kind.value: index for index, kind in enumerate(api.ConditionType)}
+    return sorted(out, key=lambda c: order.get(c.type, len(order)))
 
 
 class _Status:
@@ -95,6 +117,7 @@ class _Status:
 
     def __init__(self, job: JobView, now: dt.datetime) -> None:
         self.job = job
+        self.moment = now
         self.now = format_time(now)
         self.fields = job.status.model_dump(exclude_none=True)
         self.conditions = list(job.status.conditions or [])
@@ -107,33 +130,38 @@ class _Status:
             self.conditions, kind, status, reason, message, self.now, self.job.generation
         )
 
-    def state(self, state: api.JobState, reason: api.JobReason, message: str) -> None:
+    def state(
+        self, state: api.JobState, reason: api.JobReason, message: str, event: str | None = None
+    ) -> None:
         if self.fields.get("state") != state.value:
-            kind = "Warning" if reason == api.JobReason.FAILED else "Normal"
-            event_reason = reason.value if state == api.JobState.COMPLETE else state.value
-            self.events.append(PostEvent(kind, event_reason, message))
+            kind = "Warning" if reason == R.FAILED else "Normal"
+            default = reason.value if state == S.COMPLETE else state.value
+            self.events.append(PostEvent(kind, event or default, message))
         self.fields.update(state=state, reason=reason, message=message)
 
-    def finish(self, reason: api.JobReason, message: str) -> None:
-        self.state(api.JobState.COMPLETE, reason, message)
+    def finish(self, reason: api.JobReason, message: str, cause: str | None = None) -> None:
+        self.state(S.COMPLETE, reason, message, event=cause)
         self.fields.setdefault("complete_time", self.now)
+        self.fields.pop("suspend_time", None)
         self.condition(C.RUNNING, False, "Finished", message)
-        self.condition(C.FINISHED, True, reason.value, message)
-        self.condition(C.SUCCEEDED, reason == api.JobReason.SUCCEEDED, reason.value, message)
+        self.condition(C.FINISHED, True, cause or reason.value, message)
+        self.condition(C.SUCCEEDED, reason == R.SUCCEEDED, cause or reason.value, message)
+        if any(c.type == C.SUSPENDED.value for c in self.conditions):
+            self.condition(C.SUSPENDED, False, "Finished", message)
 
-    def actions(self) -> list[Action]:
+    def actions(self, before: list[Action] | None = None) -> list[Action]:
         self.fields["conditions"] = self.conditions
         self.fields["observed_generation"] = self.job.generation
         new = api.LMEvalJobStatus.model_validate(self.fields)
         if new == self.job.status:
-            return []
-        return [PatchStatus(new, self.job.resource_version), *self.events]
+            return list(before or [])
+        return [*(before or []), PatchStatus(new, self.job.resource_version), *self.events]
 
 
 def decide_failure(job: JobView, now: dt.datetime, message: str) -> Decision:
     """End `job` Failed with `message` (e.g. its pod was refused). Pure."""
     draft = _Status(job, now)
-    draft.finish(api.JobReason.FAILED, message)
+    draft.finish(R.FAILED, message)
     return Decision(draft.actions())
 
 
@@ -141,6 +169,22 @@ def _validation_message(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     return f"invalid spec: spec.{where}: {first['msg']} ({error.error_count()} problem(s))"
+
+
+def _remove_pod(pod: PodView | None, settings: Settings) -> list[Action]:
+    """Archive the log of a pod that ran, then delete it."""
+    if pod is None or pod.deleting:
+        return []
+    actions: list[Action] = []
+    if settings.log_archive_bytes and pod.main.state in ("running", "terminated"):
+        actions.append(ArchiveLog(pod.name, podspec.MAIN_CONTAINER, settings.log_archive_bytes))
+    actions.append(DeletePod(pod.name))
+    return actions
+
+
+def _seconds_between(start: str | None, end: dt.datetime) -> float:
+    begun = parse_time(start)
+    return (end - begun).total_seconds() if begun else 0.0
 
 
 def _schedule(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
@@ -156,10 +200,85 @@ def _schedule(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
         return decide_failure(job, now, str(error))
     name = manifest["metadata"]["name"]
     draft = _Status(job, now)
-    draft.state(api.JobState.SCHEDULED, api.JobReason.NO_REASON, f"pod {name} created")
+    resumed = job.status.state == S.SUSPENDED
+    if resumed:
+        paused = _seconds_between(job.status.suspend_time, now)
+        draft.fields["suspended_seconds"] = int((job.status.suspended_seconds or 0) + paused)
+        draft.fields.pop("suspend_time", None)
+        draft.condition(C.SUSPENDED, False, "Resumed", "spec.suspend is false")
+        draft.condition(C.RUNNING, False, "Resumed", "a fresh pod was created")
+    draft.state(
+        S.SCHEDULED, R.NO_REASON, f"pod {name} created", event="Resumed" if resumed else None
+    )
     draft.fields.update(pod_name=name, last_schedule_time=draft.now)
+    draft.fields.setdefault("start_time", draft.now)
     draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {name} created")
     return Decision([CreatePod(manifest), *draft.actions()])
+
+
+def _queued(job: JobView, slot: QueueSlot, now: dt.datetime) -> Decision:
+    draft = _Status(job, now)
+    message = (
+        f"waiting for a free slot: position {slot.position} of {slot.waiting} "
+        f"(max-running-jobs: {slot.limit})"
+    )
+    if job.status.state is None:
+        draft.state(S.NEW, R.NO_REASON, message, event="Queued")
+    else:
+        draft.fields["message"] = message
+    draft.condition(C.SCHEDULED, False, "Queued", message)
+    return Decision(draft.actions())
+
+
+def _stop(
+    job: JobView,
+    pod: PodView | None,
+    settings: Settings,
+    now: dt.datetime,
+    reason: api.JobReason,
+    message: str,
+    cause: str | None = None,
+) -> Decision:
+    draft = _Status(job, now)
+    draft.finish(reason, message, cause)
+    # Results and the archived log are stored before the pod may go.
+    return Decision(draft.actions(before=_remove_pod(pod, settings)))
+
+
+def _suspend(job: JobView, pod: PodView | None, settings: Settings, now: dt.datetime) -> Decision:
+    if job.status.state == S.SUSPENDED and (pod is None or pod.deleting):
+        return Decision()
+    draft = _Status(job, now)
+    draft.state(S.SUSPENDED, R.NO_REASON, "suspended: spec.suspend is true")
+    draft.fields.setdefault("suspend_time", draft.now)
+    draft.condition(C.SUSPENDED, True, "Suspended", "spec.suspend is true")
+    if any(c.type == C.RUNNING.value for c in draft.conditions):
+        draft.condition(C.RUNNING, False, "Suspended", "the pod was deleted")
+    return Decision(draft.actions(before=_remove_pod(pod, settings)))
+
+
+def _deadline_exceeded(job: JobView, now: dt.datetime) -> str | None:
+    limit = job.active_deadline_seconds
+    if limit is None or job.status.start_time is None:
+        return None
+    active = _seconds_between(job.status.start_time, now) - (job.status.suspended_seconds or 0)
+    if active <= limit:
+        return None
+    return (
+        f"DeadlineExceeded: the job was active for {int(active)} s, longer than "
+        f"activeDeadlineSeconds={limit}"
+    )
+
+
+def _retention(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
+    ttl = job.ttl_seconds_after_finished
+    if ttl is None:
+        ttl = settings.default_ttl_seconds_after_finished
+    if ttl is None or job.status.complete_time is None:
+        return Decision()
+    if _seconds_between(job.status.complete_time, now) < ttl:
+        return Decision()
+    return Decision([DeleteJob()])
 
 
 def _signal_text(number: int) -> str:
@@ -185,7 +304,35 @@ def _termination_message(pod: PodView) -> str:
     return f"{text}: {detail}" if detail else text
 
 
-def _complete(job: JobView, pod: PodView, now: dt.datetime, log: LogView | None) -> Decision:
+def _pending_cause(pod: PodView) -> str:
+    if pod.unschedulable_message:
+        return pod.unschedulable_message
+    if pod.main.state == "waiting" and pod.main.reason:
+        detail = f": {pod.main.message}" if pod.main.message else ""
+        return f"{pod.main.reason}{detail}"
+    return f"pod phase {pod.phase}"
+
+
+def _pending(
+    job: JobView, pod: PodView, settings: Settings, now: dt.datetime, draft: _Status
+) -> Decision | None:
+    """Fail a pod that has waited too long; None while it may still start."""
+    waited = _seconds_between(pod.created, now)
+    if waited <= settings.pod_pending_timeout:
+        return None
+    cause = _pending_cause(pod)
+    message = f"pod {pod.name} did not start within {int(settings.pod_pending_timeout)} s: {cause}"
+    reason = "PodPendingTimeout"
+    if pod.unschedulable_message:
+        reason = "Unschedulable"
+    elif pod.main.reason in _WAITING_CAUSES:
+        reason = pod.main.reason
+    return _stop(job, pod, settings, now, R.FAILED, message, cause=reason)
+
+
+def _complete(
+    job: JobView, pod: PodView, settings: Settings, now: dt.datetime, log: LogView | None
+) -> Decision:
     if log is None:
         return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, FIRST_TAIL_LINES)])
     decoded = log.decoded
@@ -215,21 +362,41 @@ def _complete(job: JobView, pod: PodView, now: dt.datetime, log: LogView | None)
                 )
             )
         )
-        draft.fields.update(results=text, results_reduced=reduced, results_config_map=name)
+        draft.fields.update(
+            results=text, results_reduced=reduced, results_config_map=name, results_source="log"
+        )
         tasks = ", ".join(sorted((decoded.results.get("results") or {}).keys()))
-        draft.finish(api.JobReason.SUCCEEDED, f"evaluation finished: {tasks}")
+        draft.finish(R.SUCCEEDED, f"evaluation finished: {tasks}")
     elif exit_code == 0:
         why = f"log unavailable: {log.unavailable}" if log.unavailable else decoded.results_error
-        draft.finish(
-            api.JobReason.FAILED, f"lm_eval exited 0 but the pod log holds no results: {why}"
-        )
+        draft.finish(R.FAILED, f"lm_eval exited 0 but the pod log holds no results: {why}")
     elif outcome is not None and outcome.event == protocol.EVENT_CANCELLED:
-        draft.finish(api.JobReason.CANCELLED, outcome.message or "cancelled")
+        draft.finish(R.CANCELLED, outcome.message or "cancelled")
     elif pod.main.reason == "OOMKilled" or outcome is None or not outcome.message:
-        draft.finish(api.JobReason.FAILED, _termination_message(pod))
+        draft.finish(R.FAILED, _termination_message(pod), cause=pod.main.reason or None)
     else:
-        draft.finish(api.JobReason.FAILED, f"{outcome.message} (exit code {exit_code})")
-    return Decision([*actions, *draft.actions()])
+        draft.finish(R.FAILED, f"{outcome.message} (exit code {exit_code})")
+    if decoded.last_progress:
+        _apply_progress(draft, decoded.last_progress)
+    return Decision(draft.actions(before=actions))
+
+
+def _apply_progress(draft: _Status, marker: dict[str, object]) -> None:
+    percent = marker.get("percent")
+    phase = str(marker.get("phase") or "")
+    n, total = marker.get("n"), marker.get("total")
+    value = float(percent) if isinstance(percent, int | float) else None
+    counts = f" ({n}/{total})" if n is not None and total is not None else ""
+    line = f"{value:.0f}% {phase}{counts}".strip() if value is not None else phase
+    current = draft.fields.get("progress") or {}
+    if current.get("percent") == value and current.get("phase") == phase:
+        return
+    draft.fields["progress"] = {
+        "percent": value,
+        "phase": phase or None,
+        "line": line[:200] or None,
+        "update_time": draft.now,
+    }
 
 
 def decide(
@@ -238,29 +405,64 @@ def decide(
     settings: Settings,
     now: dt.datetime,
     log: LogView | None = None,
+    *,
+    queue: QueueSlot | None = None,
+    progress_due: bool = False,
 ) -> Decision:
-    """The actions that move `job` toward what its pod shows. Pure."""
+    """The actions that move `job` toward what it asks and what its pod shows. Pure.
+
+    `queue` is set when the job waits for a free slot (max-running-jobs);
+    `progress_due` lets a running job's log be read for progress this cycle.
+    """
     if job.deleting:
         return Decision()
     state = job.status.state
-    if state == api.JobState.COMPLETE:
-        return Decision()
+    if state == S.COMPLETE:
+        return _retention(job, settings, now)
+    if job.cancel_requested:
+        return _stop(job, pod, settings, now, R.CANCELLED, "cancelled: spec.cancel is true")
+    if job.suspend_requested:
+        return _suspend(job, pod, settings, now)
+    if state == S.SUSPENDED:
+        if pod is not None:
+            return Decision()  # the old pod is still going away; resume after
+        return _schedule(job, settings, now)
+    if (overdue := _deadline_exceeded(job, now)) is not None:
+        return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")
     if pod is None:
-        if state in (None, api.JobState.NEW):
+        if state in (None, S.NEW):
+            if queue is not None:
+                return _queued(job, queue, now)
             return _schedule(job, settings, now)
         pod_name = job.status.pod_name or "the job pod"
         return decide_failure(
             job, now, f"pod {pod_name} was deleted before the evaluation finished"
         )
+    if pod.phase == "Failed" and pod.reason == "Evicted":
+        message = f"pod {pod.name} was evicted: {pod.message or 'no message'}"
+        return _stop(job, pod, settings, now, R.FAILED, message, cause="Evicted")
     if pod.main.state == "terminated":
-        return _complete(job, pod, now, log)
+        return _complete(job, pod, settings, now, log)
+    if pod.deleting:
+        message = f"pod {pod.name} was deleted before the evaluation finished"
+        return _stop(job, pod, settings, now, R.FAILED, message, cause="PodDeleted")
+
     draft = _Status(job, now)
-    if state in (None, api.JobState.NEW):
+    if state in (None, S.NEW):
         # Adopted a pod made by an earlier poller that died before writing status.
-        draft.state(api.JobState.SCHEDULED, api.JobReason.NO_REASON, f"pod {pod.name} created")
+        draft.state(S.SCHEDULED, R.NO_REASON, f"pod {pod.name} created")
         draft.fields.update(pod_name=pod.name, last_schedule_time=draft.now)
+        draft.fields.setdefault("start_time", draft.now)
         draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {pod.name} created")
-    if pod.main.state == "running":
-        draft.state(api.JobState.RUNNING, api.JobReason.NO_REASON, "evaluation running")
-        draft.condition(C.RUNNING, True, "ContainerRunning", "the evaluation container runs")
+    if pod.main.state != "running":
+        stuck = _pending(job, pod, settings, now, draft)
+        return stuck if stuck is not None else Decision(draft.actions())
+    if log is None and progress_due:
+        return Decision(
+            [ReadLog(pod.name, podspec.MAIN_CONTAINER, PROGRESS_TAIL_LINES, purpose="progress")]
+        )
+    draft.state(S.RUNNING, R.NO_REASON, "evaluation running")
+    draft.condition(C.RUNNING, True, "ContainerRunning", "the evaluation container runs")
+    if log is not None and log.decoded.last_progress:
+        _apply_progress(draft, log.decoded.last_progress)
     return Decision(draft.actions())

@@ -15,6 +15,7 @@ dicts the pure layers produce.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -189,16 +190,53 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
-    def apply_configmap(self, manifest: dict[str, Any]) -> None:
-        """Create a ConfigMap, or replace it when it exists (a retried cycle)."""
+    def apply_configmap(self, manifest: dict[str, Any], *, merge: bool = False) -> None:
+        """Create a ConfigMap, or update it when it exists (a retried cycle).
+
+        With `merge`, keys already in the ConfigMap and absent from `manifest`
+        are kept (the log archive must not wipe stored results, nor the reverse).
+        """
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
         path = f"/api/v1/namespaces/{namespace}/configmaps"
         try:
             self._request("POST", path, verb="create", resource="configmaps", body=manifest)
+            return
         except Conflict:
+            pass
+        body = manifest
+        if merge:
+            current = json.loads(
+                self._request("GET", f"{path}/{name}", verb="get", resource="configmaps")
+            )
+            body = {
+                **manifest,
+                "data": {**(current.get("data") or {}), **(manifest.get("data") or {})},
+            }
+            binary = {**(current.get("binaryData") or {}), **(manifest.get("binaryData") or {})}
+            if binary:
+                body["binaryData"] = binary
+        self._request("PUT", f"{path}/{name}", verb="update", resource="configmaps", body=body)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (gracefully: the driver gets SIGTERM); gone already is fine."""
+        with contextlib.suppress(NotFound):
             self._request(
-                "PUT", f"{path}/{name}", verb="update", resource="configmaps", body=manifest
+                "DELETE",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                verb="delete",
+                resource="pods",
+            )
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete an LMEvalJob; its pod and ConfigMap follow by garbage collection."""
+        with contextlib.suppress(NotFound):
+            self._request(
+                "DELETE",
+                f"{_JOBS}/namespaces/{namespace}/{api.PLURAL}/{name}",
+                verb="delete",
+                resource=api.PLURAL,
+                body={"propagationPolicy": "Background"},
             )
 
     def post_event(

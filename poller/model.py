@@ -17,22 +17,37 @@ from poller import api
 
 __all__ = [
     "Action",
+    "ArchiveLog",
     "ContainerView",
     "CreatePod",
+    "DeleteJob",
+    "DeletePod",
     "JobView",
     "LogView",
     "PatchStatus",
     "PodView",
     "PostEvent",
+    "QueueSlot",
     "ReadLog",
     "StoreResults",
     "format_time",
+    "parse_time",
 ]
 
 
 def format_time(moment: dt.datetime) -> str:
     """RFC 3339 with second precision, as Kubernetes writes times."""
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> dt.datetime | None:
+    """The inverse of `format_time` (None for empty or malformed input)."""
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,26 @@ class JobView:
     deleting: bool
     spec: dict[str, Any]
     status: api.LMEvalJobStatus
+
+    # Lifecycle switches, read from the raw spec: validating every spec on
+    # every cycle would cost more than listing it.
+    @property
+    def cancel_requested(self) -> bool:
+        return self.spec.get("cancel") is True or self.status.state == api.JobState.CANCELLED
+
+    @property
+    def suspend_requested(self) -> bool:
+        return self.spec.get("suspend") is True
+
+    @property
+    def active_deadline_seconds(self) -> int | None:
+        value = self.spec.get("activeDeadlineSeconds")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def ttl_seconds_after_finished(self) -> int | None:
+        value = self.spec.get("ttlSecondsAfterFinished")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> JobView:
@@ -112,6 +147,9 @@ class PodView:
     owner_uid: str
     reason: str = ""
     message: str = ""
+    created: str = ""
+    # The PodScheduled condition when it is not True (e.g. Unschedulable).
+    unschedulable_message: str = ""
 
     @classmethod
     def from_object(cls, obj: dict[str, Any], main_container: str) -> PodView:
@@ -135,7 +173,25 @@ class PodView:
             owner_uid=owner.get("uid", ""),
             reason=status.get("reason") or "",
             message=status.get("message") or "",
+            created=meta.get("creationTimestamp") or "",
+            unschedulable_message=next(
+                (
+                    f"{c.get('reason') or 'Unschedulable'}: {c.get('message') or ''}".strip()
+                    for c in status.get("conditions") or []
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"
+                ),
+                "",
+            ),
         )
+
+
+@dataclass(frozen=True)
+class QueueSlot:
+    """Where a waiting job stands when max-running-jobs caps the running ones."""
+
+    position: int  # 1-based
+    waiting: int
+    limit: int
 
 
 @dataclass(frozen=True)
@@ -168,6 +224,9 @@ class ReadLog:
     pod: str
     container: str
     tail_lines: int
+    # "results" for a finished container, "progress" for a running one (the
+    # latter is rate-limited by the cycle).
+    purpose: str = "results"
 
 
 @dataclass(frozen=True)
@@ -178,13 +237,41 @@ class StoreResults:
 
 
 @dataclass(frozen=True)
+class ArchiveLog:
+    """Keep the last `max_bytes` of the container log in the job's results ConfigMap."""
+
+    pod: str
+    container: str
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the job itself (TTL); its pod and ConfigMap go through ownerReferences."""
+
+
+@dataclass(frozen=True)
 class PostEvent:
     type: str  # "Normal" | "Warning"
     reason: str
     message: str
 
 
-Action = CreatePod | PatchStatus | ReadLog | StoreResults | PostEvent
+Action = (
+    CreatePod
+    | PatchStatus
+    | ReadLog
+    | StoreResults
+    | PostEvent
+    | ArchiveLog
+    | DeletePod
+    | DeleteJob
+)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 from poller import api
 
 __all__ = [
+    "LOG_ARCHIVE_KEY",
     "RESULTS_KEY",
     "STATUS_RESULTS_BUDGET",
     "reduce_results",
@@ -28,6 +29,7 @@ __all__ = [
 STATUS_RESULTS_BUDGET = 256 * 1024
 CONFIGMAP_TEXT_LIMIT = 900 * 1024
 RESULTS_KEY = "results.json"
+LOG_ARCHIVE_KEY = "log-tail.txt"
 # Dropped in this order until the JSON fits: echoed configs first, then
 # provenance, never the scores themselves ("results", "groups").
 _DROP_ORDER = (

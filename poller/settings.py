@@ -78,6 +78,8 @@ class Settings(BaseModel):
     job_service_account: Annotated[
         str, Field(alias="job-service-account", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     ] = "lmeval-job"
+    progress_interval: Annotated[Seconds, Field(alias="progress-interval", ge=1.0)] = 30.0
+    progress_reads_per_cycle: Annotated[int, Field(alias="progress-reads-per-cycle", ge=0)] = 50
     pod_pending_timeout: Annotated[Seconds, Field(alias="pod-pending-timeout", ge=1.0)] = 600.0
     max_running_jobs: Annotated[int, Field(alias="max-running-jobs", ge=0)] = 0
     results_source: Annotated[Literal["log", "exec"], Field(alias="results-source")] = "log"
