@@ -216,12 +216,15 @@ def serve_log(
 
 
 def terminate(
-    admin_api: client.ApiClient, namespace: str, pod: str, code: int, message: str = ""
+    admin_api: client.ApiClient, namespace: str, pod: str, code: int, message: str = "",
+    reason: str = "",
 ) -> None:
     """Make the pod's containers terminate now with `code` (kwok stage)."""
     annotations = {kwok.ANNOTATION_EXIT_CODE: str(code)}
     if message:
         annotations[kwok.ANNOTATION_EXIT_MESSAGE] = message
+    if reason:
+        annotations[kwok.ANNOTATION_EXIT_REASON] = reason
     client.CoreV1Api(admin_api).patch_namespaced_pod(
         pod, namespace, {"metadata": {"annotations": annotations}}
     )

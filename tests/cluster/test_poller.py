@@ -12,6 +12,7 @@ refused (no 403 in the audit log).
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -280,7 +281,7 @@ def test_poll_interval_changes_live(
         def fast_gaps() -> bool:
             with lock:
                 after = [t for t in starts if t > changed_at]
-            return len(after) >= 4 and all(b - a < 1.0 for a, b in zip(after[1:], after[2:]))
+            return len(after) >= 4 and all(b - a < 1.0 for a, b in itertools.pairwise(after[1:]))
 
         wait_for(fast_gaps, timeout=3 + 5, what="cycles every 0.5 s")
         with lock:

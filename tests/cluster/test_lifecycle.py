@@ -1,0 +1,447 @@
+"""The complete job lifecycle on the real control plane.
+
+Checks each way a job can end or pause, with the words the user reads:
+pods stuck Pending (Unschedulable from the real scheduler, image pull and
+container config errors reported by the "kubelet"), OOM kills and signals,
+pods deleted or evicted under a running job (never re-created), cancel
+(spec.cancel and a seed-style status.state Cancelled), suspend and resume,
+activeDeadlineSeconds, ttlSecondsAfterFinished with garbage collection, the
+log archive kept before a pod is deleted, progress in status, a missing
+custom-task ConfigMap, and FIFO queueing under max-running-jobs across two
+namespaces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from driver.protocol import encode_marker
+from poller import api
+from poller.cycle import Poller
+from poller.kube import Kube
+from poller.results import LOG_ARCHIVE_KEY
+from poller.sandbox import kwok
+from poller.sandbox.controlplane import ControlPlane
+from tests.poller_fixtures import (
+    BASE_SETTINGS,
+    JOB_SA_MANIFEST,
+    POLLER_NS,
+    CapturedRun,
+    Jobs,
+    cycle_until,
+    serve_log,
+    set_settings,
+    terminate,
+)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def _complete(poller: Poller, jobs: Jobs, name: str, timeout: float = 30) -> dict:
+    return cycle_until(
+        poller,
+        lambda: jobs.status(name).get("state") == "Complete" and jobs.status(name),
+        timeout=timeout,
+        what=f"{name} Complete",
+    )
+
+
+def _pod_of(poller: Poller, jobs: Jobs, name: str, running: bool = True) -> str:
+    def probe() -> str | None:
+        status = jobs.status(name)
+        wanted = "Running" if running else "Scheduled"
+        return status.get("podName") if status.get("state") == wanted else None
+
+    return cycle_until(poller, probe, what=f"{name} pod")
+
+
+def _events(admin_api: client.ApiClient, namespace: str, name: str) -> set[str]:
+    items = (
+        client.CoreV1Api(admin_api)
+        .list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+        .items
+    )
+    return {e.reason for e in items}
+
+
+def _settings(admin_api: client.ApiClient, **extra: str) -> None:
+    set_settings(admin_api, {**BASE_SETTINGS, **extra})
+
+
+@pytest.mark.parametrize(
+    ("annotations", "pod_override", "words", "cause"),
+    [
+        (
+            {
+                kwok.ANNOTATION_WAITING_REASON: "ImagePullBackOff",
+                kwok.ANNOTATION_WAITING_MESSAGE: 'Back-off pulling image "registry.example/x:1"',
+            },
+            None,
+            'Back-off pulling image "registry.example/x:1"',
+            "ImagePullBackOff",
+        ),
+        (
+            {
+                kwok.ANNOTATION_WAITING_REASON: "CreateContainerConfigError",
+                kwok.ANNOTATION_WAITING_MESSAGE: 'secret "api-key" not found',
+            },
+            None,
+            'secret "api-key" not found',
+            "CreateContainerConfigError",
+        ),
+        (
+            {},
+            {"nodeSelector": {"gpu": "h100"}},
+            "didn't match Pod's node affinity/selector",
+            "Unschedulable",
+        ),
+    ],
+)
+def test_pending_too_long_fails_with_the_cause(
+    poller: Poller,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    annotations: dict,
+    pod_override: dict | None,
+    words: str,
+    cause: str,
+) -> None:
+    _settings(admin_api, **{"pod-pending-timeout": "3s"})
+    spec: dict = {"annotations": annotations}
+    if pod_override:
+        spec["pod"] = pod_override
+    jobs.create("stuck", **spec)
+    final = _complete(poller, jobs, "stuck")
+    assert final["reason"] == "Failed"
+    assert words in final["message"], final["message"]
+    assert "did not start within 3 s" in final["message"]
+    finished = next(c for c in final["conditions"] if c["type"] == "Finished")
+    assert finished["reason"] == cause
+    cycle_until(poller, lambda: not jobs.pods(), what="stuck pod deleted")
+    assert cause in _events(admin_api, jobs.namespace, "stuck")
+
+
+def test_waiting_within_timeout_never_fails(
+    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+) -> None:
+    _settings(admin_api, **{"pod-pending-timeout": "10m"})
+    jobs.create("patient", annotations={kwok.ANNOTATION_WAITING_REASON: "ContainerCreating"})
+    cycle_until(
+        poller, lambda: jobs.status("patient").get("state") == "Scheduled", what="Scheduled"
+    )
+    for _ in range(3):
+        assert poller.run_cycle().errors == 0
+    assert jobs.status("patient")["state"] == "Scheduled"
+    assert len(jobs.pods()) == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "words"),
+    [(137, "OOMKilled", "OOMKilled"), (143, "Error", "killed by signal 15 (SIGTERM)")],
+)
+def test_killed_containers_are_reported_as_such(
+    poller: Poller,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    code: int,
+    reason: str,
+    words: str,
+) -> None:
+    jobs.create("killed")
+    pod = _pod_of(poller, jobs, "killed")
+    terminate(admin_api, jobs.namespace, pod, code, reason=reason)
+    final = _complete(poller, jobs, "killed")
+    assert final["reason"] == "Failed"
+    assert words in final["message"] and f"exit code {code}" in final["message"]
+
+
+def test_deleted_pod_fails_and_is_never_recreated(
+    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+) -> None:
+    jobs.create("orphan")
+    pod = _pod_of(poller, jobs, "orphan")
+    client.CoreV1Api(admin_api).delete_namespaced_pod(pod, jobs.namespace, grace_period_seconds=0)
+    final = _complete(poller, jobs, "orphan")
+    assert final["reason"] == "Failed"
+    assert "deleted before the evaluation finished" in final["message"]
+    for _ in range(2):
+        poller.run_cycle()
+    assert jobs.pods() == []
+
+
+def test_evicted_pod_fails_with_the_eviction_message(
+    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+) -> None:
+    jobs.create("evicted")
+    pod = _pod_of(poller, jobs, "evicted")
+    client.CoreV1Api(admin_api).patch_namespaced_pod_status(
+        pod,
+        jobs.namespace,
+        {
+            "status": {
+                "phase": "Failed",
+                "reason": "Evicted",
+                "message": "The node was low on resource: memory.",
+            }
+        },
+    )
+    final = _complete(poller, jobs, "evicted")
+    assert final["reason"] == "Failed"
+    assert "evicted: The node was low on resource: memory." in final["message"]
+
+
+def test_cancel_deletes_the_pod_and_archives_its_log(
+    poller: Poller,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    succeeded_run: CapturedRun,
+    tmp_path: Path,
+) -> None:
+    jobs.create("stop-me")
+    pod = _pod_of(poller, jobs, "stop-me")
+    serve_log(admin_api, jobs.namespace, pod, succeeded_run.log, tmp_path)
+    jobs.custom.patch_namespaced_custom_object(
+        api.API_GROUP,
+        api.API_VERSION,
+        jobs.namespace,
+        api.PLURAL,
+        "stop-me",
+        {"spec": {"cancel": True}},
+    )
+    final = _complete(poller, jobs, "stop-me")
+    assert final["reason"] == "Cancelled"
+    assert next(c for c in final["conditions"] if c["type"] == "Succeeded")["status"] == "False"
+    cycle_until(poller, lambda: not jobs.pods(), what="pod deleted")
+    archive = jobs.core.read_namespaced_config_map("stop-me-results", jobs.namespace)
+    tail = archive.data[LOG_ARCHIVE_KEY]
+    last_line = [line for line in succeeded_run.log.splitlines() if line.strip()][-1]
+    assert tail.rstrip().endswith(last_line.strip())
+    assert len(tail.encode()) <= 64 * 1024
+    assert "Cancelled" in _events(admin_api, jobs.namespace, "stop-me")
+
+
+def test_seed_style_cancel_is_honoured(
+    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+) -> None:
+    jobs.create("seed-cancel")
+    _pod_of(poller, jobs, "seed-cancel")
+    jobs.custom.patch_namespaced_custom_object_status(
+        api.API_GROUP,
+        api.API_VERSION,
+        jobs.namespace,
+        api.PLURAL,
+        "seed-cancel",
+        {"status": {"state": "Cancelled"}},
+    )
+    final = _complete(poller, jobs, "seed-cancel")
+    assert final["reason"] == "Cancelled"
+    cycle_until(poller, lambda: not jobs.pods(), what="pod deleted")
+
+
+def test_suspend_and_resume(poller: Poller, jobs: Jobs, admin_api: client.ApiClient) -> None:
+    jobs.create("pausable")
+    first = _pod_of(poller, jobs, "pausable")
+    first_uid = jobs.pod(first).metadata.uid
+
+    def patch(suspend: bool) -> None:
+        jobs.custom.patch_namespaced_custom_object(
+            api.API_GROUP,
+            api.API_VERSION,
+            jobs.namespace,
+            api.PLURAL,
+            "pausable",
+            {"spec": {"suspend": suspend}},
+        )
+
+    patch(True)
+    status = cycle_until(
+        poller,
+        lambda: (
+            (s := jobs.status("pausable")).get("state") == "Suspended" and not jobs.pods() and s
+        ),
+        what="Suspended, pod gone",
+    )
+    suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
+    assert suspended["status"] == "True"
+    patch(False)
+    cycle_until(
+        poller, lambda: jobs.status("pausable").get("state") == "Running", what="Running again"
+    )
+    pods = jobs.pods()
+    assert len(pods) == 1 and pods[0].metadata.uid != first_uid
+    final = jobs.status("pausable")
+    assert next(c for c in final["conditions"] if c["type"] == "Suspended")["status"] == "False"
+    assert {"Suspended", "Resumed"} <= _events(admin_api, jobs.namespace, "pausable")
+
+
+def test_active_deadline(poller: Poller, jobs: Jobs, admin_api: client.ApiClient) -> None:
+    jobs.create("slow", activeDeadlineSeconds=2)
+    _pod_of(poller, jobs, "slow")
+    final = _complete(poller, jobs, "slow")
+    assert final["reason"] == "Failed"
+    assert final["message"].startswith("DeadlineExceeded")
+    assert (
+        next(c for c in final["conditions"] if c["type"] == "Finished")["reason"]
+        == "DeadlineExceeded"
+    )
+    cycle_until(poller, lambda: not jobs.pods(), what="pod deleted")
+    assert "DeadlineExceeded" in _events(admin_api, jobs.namespace, "slow")
+
+
+def test_ttl_deletes_the_finished_job_and_what_it_owns(
+    poller: Poller,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    succeeded_run: CapturedRun,
+    tmp_path: Path,
+) -> None:
+    jobs.create("short-lived", ttlSecondsAfterFinished=1)
+    pod = _pod_of(poller, jobs, "short-lived")
+    serve_log(admin_api, jobs.namespace, pod, succeeded_run.log, tmp_path)
+    terminate(admin_api, jobs.namespace, pod, 0)
+    final = _complete(poller, jobs, "short-lived")
+    assert final["reason"] == "Succeeded"
+    configmap = final["resultsConfigMap"]
+
+    def gone() -> bool:
+        names = [
+            j["metadata"]["name"]
+            for j in jobs.custom.list_namespaced_custom_object(
+                api.API_GROUP, api.API_VERSION, jobs.namespace, api.PLURAL
+            )["items"]
+        ]
+        return "short-lived" not in names
+
+    cycle_until(poller, gone, what="job deleted by TTL")
+
+    def owned_gone() -> bool:
+        cms = [c.metadata.name for c in jobs.core.list_namespaced_config_map(jobs.namespace).items]
+        return configmap not in cms and not jobs.pods()
+
+    cycle_until(poller, owned_gone, timeout=60, what="pod and ConfigMap garbage-collected")
+
+
+def test_progress_reaches_status(
+    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path
+) -> None:
+    _settings(admin_api, **{"progress-interval": "1s"})
+    jobs.create("busy")
+    pod = _pod_of(poller, jobs, "busy")
+    lines = [
+        encode_marker("started", run_id="r1"),
+        "Running loglikelihood requests:  10%|#         | 10/100 [00:01<00:09]",
+        encode_marker(
+            "progress",
+            phase="Running loglikelihood requests",
+            percent=42.0,
+            n=42,
+            total=100,
+            elapsed=2.0,
+            remaining=3.0,
+        ),
+    ]
+    serve_log(admin_api, jobs.namespace, pod, "\n".join(lines), tmp_path)
+    status = cycle_until(
+        poller,
+        lambda: (
+            (jobs.status("busy").get("progress") or {}).get("percent") == 42.0
+            and jobs.status("busy")
+        ),
+        what="progress in status",
+    )
+    assert status["progress"]["phase"] == "Running loglikelihood requests"
+    assert status["progress"]["line"].startswith("42% Running loglikelihood requests")
+    assert status["state"] == "Running"
+
+
+def test_missing_custom_task_configmap_fails_clearly(poller: Poller, jobs: Jobs) -> None:
+    jobs.create("no-tasks", customTasks=[{"configMap": "my-tasks"}])
+    jobs.create("fine")
+    final = _complete(poller, jobs, "no-tasks")
+    assert final["reason"] == "Failed"
+    assert "ConfigMap my-tasks not found" in final["message"]
+    cycle_until(
+        poller,
+        lambda: jobs.status("fine").get("state") == "Running",
+        what="the other job keeps going",
+    )
+
+
+def test_queue_caps_running_jobs_fifo_across_namespaces(
+    poller_kube: Kube,
+    admin_api: client.ApiClient,
+    control_plane: ControlPlane,
+    succeeded_run: CapturedRun,
+    tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(admin_api)
+    namespaces = []
+    for suffix in ("a", "b"):
+        name = f"queue-{suffix}-{tmp_path.name[-6:].lower().strip('_')}".replace("_", "-")
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        control_plane.kubectl("apply", "-n", name, "-f", str(JOB_SA_MANIFEST))
+        namespaces.append(name)
+    try:
+        for ns in namespaces:
+            wait_for(
+                lambda ns=ns: core.list_namespaced_service_account(ns).items, what="default SA"
+            )
+        _settings(admin_api, **{"max-running-jobs": "2"})
+        poller = Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=namespaces)
+        first, second = Jobs(admin_api, namespaces[0]), Jobs(admin_api, namespaces[1])
+        order = [(first, "q1"), (first, "q2"), (first, "q3"), (second, "q4"), (second, "q5")]
+        for jobs, name in order:
+            jobs.create(name)
+        started: list[str] = []
+        max_pods = 0
+        finished: set[str] = set()
+        for _ in range(80):
+            report = poller.run_cycle()
+            assert report.errors == 0, report.error_messages
+            pods = first.pods() + second.pods()
+            live = [
+                p
+                for p in pods
+                if not (
+                    p.status.container_statuses and p.status.container_statuses[0].state.terminated
+                )
+            ]
+            max_pods = max(max_pods, len(live))
+            for pod in pods:
+                job_name = pod.metadata.owner_references[0].name
+                if job_name not in started:
+                    started.append(job_name)
+                state = pod.status.container_statuses
+                if (
+                    state
+                    and state[0].state.running
+                    and not (pod.metadata.annotations or {}).get(kwok.ANNOTATION_EXIT_CODE)
+                ):
+                    serve_log(
+                        admin_api,
+                        pod.metadata.namespace,
+                        pod.metadata.name,
+                        succeeded_run.log,
+                        tmp_path,
+                    )
+                    terminate(admin_api, pod.metadata.namespace, pod.metadata.name, 0)
+            finished = {
+                name for jobs, name in order if jobs.status(name).get("state") == "Complete"
+            }
+            if len(finished) == len(order):
+                break
+        assert finished == {name for _, name in order}
+        assert max_pods == 2  # the cap was reached and never passed
+        # FIFO, fair across namespaces: q1, then q4 (b's oldest) before q2.
+        assert started == ["q1", "q4", "q2", "q5", "q3"]
+        queued = {e.reason for ns in namespaces for e in core.list_namespaced_event(ns).items}
+        assert "Queued" in queued
+        assert all(first.status(n)["reason"] == "Succeeded" for n in ("q1", "q2", "q3"))
+    finally:
+        _settings(admin_api)
+        for ns in namespaces:
+            core.delete_namespace(ns)
