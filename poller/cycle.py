@@ -258,7 +258,7 @@ class Poller:
                 raise  # transient: read again next cycle
             # The log is gone for good (node lost, pod evicted, ...): decide without it.
             return LogView(decode_text(""), request.tail_lines, unavailable=_api_message(error))
-        return LogView(decode_text(text), request.tail_lines)
+        return LogView(decode_text(text), request.tail_lines, lines_read=text.count("\n"))
 
     def _create_pod(
         self, job: JobView, action: CreatePod, now: dt.datetime, report: CycleReport

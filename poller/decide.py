@@ -336,12 +336,9 @@ def _complete(
     if log is None:
         return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, FIRST_TAIL_LINES)])
     decoded = log.decoded
-    cut = (
-        decoded.results is None
-        and decoded.results_error is not None
-        and ("starts after" in decoded.results_error or "chunks seen" in decoded.results_error)
-    )
-    if cut and log.tail_lines < MAX_TAIL_LINES:
+    # A full window may have cut the results off at its front: read more.
+    window_full = log.lines_read >= log.tail_lines and log.tail_lines < MAX_TAIL_LINES
+    if pod.main.exit_code == 0 and decoded.results is None and window_full:
         return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, log.tail_lines * 4)])
 
     draft = _Status(job, now)

@@ -200,6 +200,8 @@ class LogView:
 
     decoded: DecodedLog
     tail_lines: int
+    # How many lines came back: fewer than tail_lines means the whole log.
+    lines_read: int = 0
     # Why the log could not be read (the kubelet or node is gone, ...), if so.
     unavailable: str | None = None
 
