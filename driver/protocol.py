@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import json
 import re
@@ -116,18 +117,10 @@ def encode_results(results_json: bytes, run_id: str) -> list[str]:
     digest = hashlib.sha256(results_json).hexdigest()
     text = base64.b64encode(zlib.compress(results_json, 6)).decode("ascii")
     pieces = [text[i : i + RESULTS_CHUNK_CHARS] for i in range(0, len(text), RESULTS_CHUNK_CHARS)]
-    total = len(pieces)
+    common = {"run_id": run_id, "total": len(pieces), "sha256": digest}
+    common.update(size=len(results_json), encoding=RESULTS_ENCODING)
     return [
-        encode_marker(
-            EVENT_RESULTS,
-            run_id=run_id,
-            seq=seq,
-            total=total,
-            sha256=digest,
-            size=len(results_json),
-            encoding=RESULTS_ENCODING,
-            data=piece,
-        )
+        encode_marker(EVENT_RESULTS, seq=seq, **common, data=piece)
         for seq, piece in enumerate(pieces, start=1)
     ]
 
@@ -180,16 +173,7 @@ class DecodedLog:
 
     def to_json(self) -> dict[str, Any]:
         """The shape printed by ``lmeval-driver decode``."""
-        outcome = None
-        if self.outcome is not None:
-            o = self.outcome
-            outcome = {
-                "event": o.event,
-                "exit_code": o.exit_code,
-                "signal": o.signal,
-                "message": o.message,
-                "results_path": o.results_path,
-            }
+        outcome = None if self.outcome is None else dataclasses.asdict(self.outcome)
         return {
             "events": self.events,
             "results": self.results,
@@ -343,16 +327,11 @@ class LogDecoder:
     def _add_chunk(self, body: dict[str, Any]) -> None:
         run_id, digest, data = body.get("run_id"), body.get("sha256"), body.get("data")
         seq, total, size = (_int_or_none(body.get(k)) for k in ("seq", "total", "size"))
-        if (
-            not isinstance(run_id, str)
-            or not isinstance(digest, str)
-            or not isinstance(data, str)
-            or seq is None
-            or total is None
-            or size is None
-            or not 1 <= seq <= total
-            or body.get("encoding") != RESULTS_ENCODING
-        ):
+        if not (isinstance(run_id, str) and isinstance(digest, str) and isinstance(data, str)):
+            return
+        if seq is None or total is None or size is None or not 1 <= seq <= total:
+            return
+        if body.get("encoding") != RESULTS_ENCODING:
             return
         key = (run_id, digest, total, size)
         current = self._results_set
@@ -412,7 +391,7 @@ class LogDecoder:
             return None, current.error
         if len(current.chunks) < current.total:
             return None, _describe_missing(current.chunks, current.total)
-        run_id, digest, _total, size = current.key
+        _run_id, digest, _total, size = current.key
         if final is not None and final.get("event") == EVENT_COMPLETED:
             expected = final.get("results_sha256")
             if isinstance(expected, str) and expected != digest:
@@ -437,7 +416,9 @@ class LogDecoder:
         return f"log starts after the results chunks{extra}: only the completed marker is present"
 
 
-def _assemble(current: _ResultsSet, digest: str, size: int) -> tuple[dict[str, Any] | None, str | None]:
+def _assemble(
+    current: _ResultsSet, digest: str, size: int
+) -> tuple[dict[str, Any] | None, str | None]:
     """Join, decode, decompress (bounded) and verify one complete results set."""
     text = "".join(current.chunks[i] for i in range(1, current.total + 1))
     try:

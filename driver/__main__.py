@@ -1,0 +1,197 @@
+"""Command line of the in-pod driver: ``lmeval-driver`` and ``python -m driver``.
+
+Why this module exists: it is the container's entry point, so it must start
+lm_eval quickly (only ``argparse`` and the light :mod:`driver.run` are
+imported before the child starts) and it must report its own usage errors
+the way it reports everything else, as a ``failed`` marker with exit code
+``EXIT_DRIVER_ERROR``, because the poller only sees the log and the exit code.
+
+Three forms::
+
+    lmeval-driver [options] -- <lm_eval argv...>   run and report
+    lmeval-driver decode [FILE]                    what the poller sees in a log
+    lmeval-driver release [--output-root DIR]      end an exec-mode hold early
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from driver import __version__
+from driver.run import DEFAULT_OUTPUT_ROOT, EXIT_DRIVER_ERROR, Run, RunOptions, release
+
+USAGE = (
+    "lmeval-driver [options] -- <lm_eval command...>\n"
+    "       lmeval-driver decode [FILE]\n"
+    "       lmeval-driver release [--output-root DIR]"
+)
+
+DESCRIPTION = """\
+Run an lm_eval command as a child process, forward its output with anything
+that looks like a marker neutralised, and write ::lmeval:: markers (started,
+progress, results, then exactly one of completed, failed, cancelled).
+
+Exit codes: 0 completed; N when lm_eval exits N; 128+S when it is killed by
+signal S; 70 lm_eval exited 0 without a results file; 71 cancelled (SIGTERM
+or SIGINT); 72 driver error (bad options, cannot start the command, ...).
+"""
+
+
+def _default_root() -> str:
+    return os.environ.get("LMEVAL_OUTPUT_ROOT") or DEFAULT_OUTPUT_ROOT
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
+    return value
+
+
+class _RunParser(argparse.ArgumentParser):
+    """Usage errors become a ``failed`` marker and exit code 72."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        from driver.protocol import encode_marker
+
+        text = f"lmeval-driver: usage error: {message}"
+        print(encode_marker("failed", exit_code=EXIT_DRIVER_ERROR, signal=None, message=text))
+        sys.stdout.flush()
+        print(text, file=sys.stderr)
+        sys.exit(EXIT_DRIVER_ERROR)
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = _RunParser(
+        prog="lmeval-driver",
+        usage=USAGE,
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"lmeval-driver {__version__}")
+    parser.add_argument(
+        "--output-root",
+        default=_default_root(),
+        metavar="DIR",
+        help="parent of the per-run directory run-<id> that receives lm_eval's "
+        "--output_path (default: $LMEVAL_OUTPUT_ROOT or %(default)s)",
+    )
+    parser.add_argument(
+        "--run-id",
+        default=os.environ.get("LMEVAL_RUN_ID") or None,
+        metavar="ID",
+        help="run id, names the run directory (default: $LMEVAL_RUN_ID or a fresh "
+        "timestamp-random id); a reused id is refused",
+    )
+    parser.add_argument(
+        "--progress-interval",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="at most one progress marker per S seconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=_seconds,
+        default=20.0,
+        metavar="S",
+        help="after SIGTERM/SIGINT, SIGKILL lm_eval's process group after S seconds; keep "
+        "it below the pod's terminationGracePeriodSeconds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-copy",
+        metavar="FILE",
+        help="also append the complete (neutralised) output and markers to FILE",
+    )
+    parser.add_argument(
+        "--hold-seconds",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="exec mode: after the final marker stay alive up to S seconds, or until "
+        "'lmeval-driver release' (default: %(default)s)",
+    )
+    return parser
+
+
+def _decode(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="lmeval-driver decode",
+        description="Decode the markers of a pod log (plain or CRI format) into one JSON "
+        "object: events, results, results_error, outcome.",
+    )
+    parser.add_argument("file", nargs="?", help="log file (default: standard input)")
+    parser.add_argument("--compact", action="store_true", help="no indentation")
+    args = parser.parse_args(argv)
+    import json
+
+    from driver.protocol import decode_stream
+
+    try:
+        if args.file is None or args.file == "-":
+            decoded = decode_stream(sys.stdin.buffer)
+        else:
+            with open(args.file, "rb") as fh:
+                decoded = decode_stream(fh)
+    except OSError as exc:
+        print(f"lmeval-driver decode: {exc}", file=sys.stderr)
+        return 2
+    json.dump(decoded.to_json(), sys.stdout, indent=None if args.compact else 2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _release(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="lmeval-driver release",
+        description="End the exec-mode hold of a driver using the same output root.",
+    )
+    parser.add_argument("--output-root", default=_default_root(), metavar="DIR")
+    args = parser.parse_args(argv)
+    try:
+        path = release(args.output_root)
+    except OSError as exc:
+        print(f"lmeval-driver release: {exc}", file=sys.stderr)
+        return 1
+    print(f"released ({path})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "decode":
+        return _decode(args[1:])
+    if args and args[0] == "release":
+        return _release(args[1:])
+    if "--" in args:
+        split = args.index("--")
+        options, child_argv = args[:split], args[split + 1 :]
+    else:
+        options, child_argv = args, []
+    parser = _run_parser()
+    parsed = parser.parse_args(options)
+    if not child_argv:
+        parser.error("missing '-- <lm_eval command...>'")
+    opts = RunOptions(
+        child_argv=child_argv,
+        output_root=parsed.output_root,
+        progress_interval=parsed.progress_interval,
+        grace_period=parsed.grace_period,
+        log_copy=parsed.log_copy,
+        hold_seconds=parsed.hold_seconds,
+        run_id=parsed.run_id,
+    )
+    return Run(opts).execute()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

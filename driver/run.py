@@ -1,0 +1,405 @@
+"""One evaluation run: from the lm_eval command line to the final marker.
+
+Why this module exists: it is the driver's policy, kept apart from the
+mechanics in :mod:`driver.child`. It decides the per-run output directory,
+reports ``started``/``progress``, turns the child's fate into exactly one
+final marker and a meaningful exit code (see :mod:`driver.protocol`), turns
+SIGTERM/SIGINT into a bounded, orderly cancellation, and implements the exec
+hold that keeps the container alive until the poller has copied the results.
+
+Import discipline: everything that is not needed to start the child
+(``dataclasses`` via the protocol and progress modules, ``json``, hashing)
+is imported only after the child is running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, BinaryIO
+
+from driver import __version__
+from driver.argv import find_output_path_flag, new_run_id, valid_run_id
+from driver.child import Child, Pump, Sink
+
+DEFAULT_OUTPUT_ROOT = "/tmp/lmeval-output"  # noqa: S108 - an emptyDir in the pod
+RELEASE_FILE = ".release"
+RESULTS_COPY = "results.json"
+# How long to wait for the pipes to close once the child's group is dead. A
+# grandchild that escaped the group (setsid) could hold them open forever.
+PUMP_JOIN_TIMEOUT = 5.0
+# Tick of the main loop while waiting for the child or the hold; signals do
+# their work in the handler, so this only bounds deadline checks.
+TICK = 0.1
+
+# Exit codes, duplicated from driver.protocol so that nothing heavy is
+# imported before the child starts (a test keeps the two in sync).
+EXIT_NO_RESULTS = 70
+EXIT_CANCELLED = 71
+EXIT_DRIVER_ERROR = 72
+
+
+class RunOptions:
+    """The driver's options for one run (parsed by ``driver.__main__``)."""
+
+    def __init__(
+        self,
+        child_argv: Sequence[str],
+        output_root: str = DEFAULT_OUTPUT_ROOT,
+        progress_interval: float = 5.0,
+        grace_period: float = 20.0,
+        log_copy: str | None = None,
+        hold_seconds: float = 0.0,
+        run_id: str | None = None,
+    ) -> None:
+        self.child_argv = list(child_argv)
+        self.output_root = output_root
+        self.progress_interval = progress_interval
+        self.grace_period = grace_period
+        self.log_copy = log_copy
+        self.hold_seconds = hold_seconds
+        self.run_id = run_id
+
+
+class _Cancel:
+    """What the SIGTERM/SIGINT handler knows and does.
+
+    The handler does the urgent part itself (SIGTERM to the group, or SIGKILL
+    on a second signal) so that cancellation never waits for the main loop.
+    """
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.signum: int | None = None
+        self.count = 0
+        self.deadline: float | None = None
+        self.child: Child | None = None
+        self.child_exited = False
+        self.killed = False
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.count += 1
+        if self.child_exited:
+            return  # only ends the exec hold
+        if self.signum is None:
+            self.signum = signum
+            self.deadline = time.monotonic() + self.grace
+            if self.child is not None:
+                self.child.kill_group(signal.SIGTERM)
+        else:
+            # A second signal means "now": no more grace.
+            self.deadline = time.monotonic()
+            self.kill()
+
+    def kill(self) -> None:
+        if self.child is not None and not self.killed:
+            self.killed = True
+            self.child.kill_group(signal.SIGKILL)
+
+
+def _ts() -> float:
+    return round(time.time(), 3)
+
+
+def release_path(output_root: str) -> str:
+    """Where ``lmeval-driver release`` leaves its mark for a holding driver."""
+    return os.path.join(output_root, RELEASE_FILE)
+
+
+def find_results(run_dir: str) -> str | None:
+    """This run's newest ``results_*.json`` under ``run_dir`` (any depth)."""
+    found: list[tuple[int, str]] = []
+    for dirpath, _dirs, files in os.walk(run_dir):
+        for name in files:
+            if name.startswith("results_") and name.endswith(".json"):
+                path = os.path.join(dirpath, name)
+                try:
+                    found.append((os.stat(path).st_mtime_ns, path))
+                except OSError:
+                    continue
+    return max(found)[1] if found else None
+
+
+class Run:
+    """State of one driver invocation."""
+
+    def __init__(self, opts: RunOptions, stdout_fd: int = 1, stderr_fd: int = 2) -> None:
+        self.opts = opts
+        self.started_wall = time.time()
+        self.started_mono = time.monotonic()
+        self.cancel = _Cancel(max(0.0, opts.grace_period))
+        self.run_id = opts.run_id or new_run_id()
+        # Absolute: the path travels in markers to readers with another cwd.
+        self.run_dir = os.path.abspath(os.path.join(opts.output_root, f"run-{self.run_id}"))
+        self._log_copy: BinaryIO | None = None
+        self.sink = Sink(stdout_fd, stderr_fd)
+        self._stdout_fd, self._stderr_fd = stdout_fd, stderr_fd
+        self._encode: Callable[..., str] | None = None
+        self.final_code: int | None = None  # set once the final marker is out
+
+    # -- markers -------------------------------------------------------------
+
+    def marker(self, event: str, **fields: Any) -> None:
+        if self._encode is None:
+            from driver.protocol import encode_marker
+
+            self._encode = encode_marker
+        self.sink.marker(self._encode(event, run_id=self.run_id, ts=_ts(), **fields))
+
+    def _final(self, event: str, exit_code: int, message: str, **fields: Any) -> int:
+        duration = round(time.monotonic() - self.started_mono, 3)
+        self.marker(event, exit_code=exit_code, message=message, duration=duration, **fields)
+        self.final_code = exit_code
+        if event != "completed":
+            self.sink.note(f"{event}: {message}")
+        return exit_code
+
+    def driver_error(self, message: str) -> int:
+        return self._final("failed", EXIT_DRIVER_ERROR, message, signal=None)
+
+    # -- the run ---------------------------------------------------------------
+
+    def execute(self) -> int:
+        """Run the child to its end, report, hold; return the exit code."""
+        previous = {
+            sig: signal.signal(sig, self.cancel.handle) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        child: Child | None = None
+        try:
+            error = self._prepare()
+            if error is not None:
+                return self.driver_error(error)
+            if self.cancel.signum is not None:
+                return self._cancelled(None)
+            child = Child([*self.opts.child_argv, "--output_path", self.run_dir])
+            try:
+                child.start()
+            except OSError as exc:
+                return self.driver_error(f"cannot start {self.opts.child_argv[0]!r}: {exc}")
+            self.cancel.child = child
+            if self.cancel.signum is not None:  # signalled while spawning
+                child.kill_group(signal.SIGTERM)
+            code = self._supervise(child)
+            self._hold()
+            return code
+        except Exception as exc:  # a bug must still end in a final marker
+            import traceback
+
+            self.sink.note(traceback.format_exc().replace("\n", " | "))
+            if self.final_code is not None:  # never a second final marker
+                return self.final_code
+            return self.driver_error(f"internal driver error: {exc!r}")
+        finally:
+            if child is not None:
+                child.cleanup()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self._log_copy is not None:
+                self._log_copy.close()
+
+    def _prepare(self) -> str | None:
+        """Check the command line and create the run directory."""
+        argv = self.opts.child_argv
+        if not argv:
+            return "no lm_eval command given (expected: lmeval-driver [options] -- <command>)"
+        token = find_output_path_flag(argv[1:])
+        if token is not None:
+            return (
+                f"the command sets the output path ({token!r}); the driver owns it "
+                f"(--output-root, per-run directory run-<id>): remove it"
+            )
+        if not valid_run_id(self.run_id):
+            return f"invalid run id {self.run_id!r}"
+        try:
+            os.makedirs(self.opts.output_root, exist_ok=True)
+            os.mkdir(self.run_dir)
+        except FileExistsError:
+            return f"run directory {self.run_dir} already exists (run ids must be unique)"
+        except OSError as exc:
+            return f"cannot create run directory {self.run_dir}: {exc}"
+        if self.opts.log_copy:
+            try:
+                parent = os.path.dirname(os.path.abspath(self.opts.log_copy))
+                os.makedirs(parent, exist_ok=True)
+                self._log_copy = open(self.opts.log_copy, "ab")  # noqa: SIM115 - closed in execute
+            except OSError as exc:
+                return f"cannot open log copy {self.opts.log_copy}: {exc}"
+            self.sink = Sink(self._stdout_fd, self._stderr_fd, self._log_copy)
+        return None
+
+    def _supervise(self, child: Child) -> int:
+        # Only now, with the child running, pay for the heavier imports.
+        from driver.argv import lm_eval_version, redact_argv
+        from driver.progress import ErrorLineTracker, Progress, ProgressTracker
+        from driver.protocol import neutralize
+
+        self.marker(
+            "started",
+            driver_version=__version__,
+            lm_eval_version=lm_eval_version(),
+            output_dir=self.run_dir,
+            argv=redact_argv(child.argv),
+            pid=child.pid,
+            python=sys.version.split()[0],
+            progress_interval=self.opts.progress_interval,
+            grace_period=self.opts.grace_period,
+            hold_seconds=self.opts.hold_seconds,
+        )
+
+        def on_progress(p: Progress) -> None:
+            self.marker("progress", **p.fields())
+
+        progress = ProgressTracker(self.opts.progress_interval, on_progress)
+        err_lines, out_lines = ErrorLineTracker(), ErrorLineTracker()
+        err_observers = [err_lines.feed_block, progress.feed_block]
+        pumps = [
+            Pump(child.stdout_fd(), "stdout", self.sink, neutralize, [out_lines.feed_block]),
+            Pump(child.stderr_fd(), "stderr", self.sink, neutralize, err_observers),
+        ]
+        for pump in pumps:
+            pump.start()
+        while not child.wait_exit(TICK):
+            deadline = self.cancel.deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                self.cancel.kill()
+        self.cancel.child_exited = True
+        returncode = child.reap()
+        join_by = time.monotonic() + PUMP_JOIN_TIMEOUT
+        for pump in pumps:
+            pump.join(max(0.0, join_by - time.monotonic()))
+        if any(pump.is_alive() for pump in pumps):
+            self.sink.note("output pipes still open after the child exited; stopped reading")
+        progress.flush()
+        last_line = err_lines.best() or out_lines.best()
+        return self._outcome(returncode, last_line, err_lines.last_warning())
+
+    def _outcome(self, returncode: int, last_line: str | None, warning: str | None) -> int:
+        # A cancelled child that still finished properly (exit 0 with results)
+        # is reported as completed: the results are real.
+        if self.cancel.signum is not None and (
+            returncode != 0 or find_results(self.run_dir) is None
+        ):
+            return self._cancelled(returncode)
+        if returncode < 0:
+            sig = -returncode
+            from driver.protocol import signal_name
+
+            return self._final(
+                "failed",
+                128 + sig,
+                f"killed by signal {sig} ({signal_name(sig)})",
+                signal=sig,
+                child_exit_code=returncode,
+                last_line=last_line,
+            )
+        if returncode > 0:
+            message = last_line or f"lm_eval exited with code {returncode}"
+            return self._final(
+                "failed", returncode, message, signal=None, child_exit_code=returncode
+            )
+        return self._completed(warning)
+
+    def _cancelled(self, returncode: int | None) -> int:
+        from driver.protocol import signal_name
+
+        signum = self.cancel.signum or signal.SIGTERM
+        name = signal_name(signum)
+        if returncode is None:
+            how = "before lm_eval was started"
+        elif self.cancel.killed:
+            how = f"lm_eval did not stop within {self.cancel.grace:g} s and was killed (SIGKILL)"
+        else:
+            how = "lm_eval was stopped with SIGTERM"
+        return self._final(
+            "cancelled",
+            EXIT_CANCELLED,
+            f"cancelled by {name}: {how}",
+            signal=signum,
+            child_exit_code=returncode,
+            killed=self.cancel.killed,
+        )
+
+    def _completed(self, warning: str | None) -> int:
+        import hashlib
+        import json
+        import shutil
+
+        from driver.protocol import MAX_RESULTS_BYTES, encode_results
+
+        source = find_results(self.run_dir)
+        if source is None:
+            message = f"lm_eval exited 0 but wrote no results file in {self.run_dir}"
+            if warning:
+                message += f" ({warning})"
+            return self._final("failed", EXIT_NO_RESULTS, message, signal=None, child_exit_code=0)
+        try:
+            with open(source, "rb") as fh:
+                raw = fh.read()
+            json.loads(raw)
+        except (OSError, ValueError) as exc:
+            message = f"lm_eval exited 0 but its results file {source} is unusable: {exc}"
+            return self._final("failed", EXIT_NO_RESULTS, message, signal=None, child_exit_code=0)
+        stable = os.path.join(self.run_dir, RESULTS_COPY)
+        try:
+            tmp = stable + ".tmp"
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, stable)
+        except OSError as exc:
+            self.sink.note(f"cannot copy results to {stable}: {exc}")
+            stable = source
+        fields: dict[str, Any] = {
+            "results_path": stable,
+            "results_file": source,
+            "results_size": len(raw),
+            "results_sha256": hashlib.sha256(raw).hexdigest(),
+        }
+        if len(raw) > MAX_RESULTS_BYTES:
+            fields["results_chunks"] = 0
+            fields["results_note"] = (
+                f"results of {len(raw)} bytes are too large for the log; read {stable}"
+            )
+        else:
+            chunks = encode_results(raw, self.run_id)
+            fields["results_chunks"] = len(chunks)
+            for line in chunks:
+                self.sink.marker(line)
+        return self._final("completed", 0, "lm_eval completed", signal=None, **fields)
+
+    def _hold(self) -> None:
+        """Exec mode: stay alive until released, timed out, or signalled."""
+        hold = self.opts.hold_seconds
+        if hold <= 0 or self.cancel.count:
+            # Any SIGTERM/SIGINT so far means the pod is being torn down (the
+            # run was cancelled, or the signal came while reporting): no hold.
+            return
+        path = release_path(self.opts.output_root)
+        self.sink.note(
+            f"holding for up to {hold:g} s so that results can be copied; "
+            f"'lmeval-driver release' ends the hold"
+        )
+        # A release file older than this driver belongs to an earlier run.
+        # Whole seconds, for filesystems with coarse timestamps.
+        not_before = int(self.started_wall) * 1_000_000_000
+        end = time.monotonic() + hold
+        while time.monotonic() < end and not self.cancel.count:
+            try:
+                if os.stat(path).st_mtime_ns >= not_before:
+                    self.sink.note("released")
+                    return
+            except OSError:
+                pass
+            time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+
+
+def release(output_root: str) -> str:
+    """Touch the release file; returns its path."""
+    os.makedirs(output_root, exist_ok=True)
+    path = release_path(output_root)
+    with open(path, "a", encoding="utf-8"):
+        pass
+    os.utime(path, None)
+    return path

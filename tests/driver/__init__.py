@@ -1,0 +1,1 @@
+"""Tests of the in-pod driver (driver/) and the loopback toy model server."""
