@@ -70,6 +70,8 @@ class CycleReport:
     errors: int = 0
     duration: float = 0.0
     error_messages: list[str] = field(default_factory=list)
+    # True when this replica was not (or stopped being) the leader.
+    skipped: bool = False
     # Every job as it stands after this cycle (status as written), for the
     # metrics collector: an immutable picture of the last cycle.
     snapshot: list[JobView] = field(default_factory=list)
@@ -86,12 +88,16 @@ class Poller:
         namespaces: Sequence[str] = (),
         clock: Callable[[], dt.datetime] = utc_now,
         tracker: SettingsTracker | None = None,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         self.kube = kube
         self.settings_namespace = settings_namespace
         self.namespaces = list(namespaces)
         self.clock = clock
         self.tracker = tracker or SettingsTracker()
+        # Leader election's verdict, asked before the cycle and before each
+        # job: a replica that lost its lease stops acting at once.
+        self.may_act = may_act
         # When each running job's log was last read for progress (monotonic
         # seconds): a rate limiter only, so losing it on restart is harmless.
         self._progress_read_at: dict[str, float] = {}
@@ -128,6 +134,9 @@ class Poller:
         """One full cycle. Raises only when the LISTs themselves fail."""
         started = time.monotonic()
         report = CycleReport()
+        if not self.may_act():
+            report.skipped = True
+            return report
         settings = self.refresh_settings()
         objects, pods = self._list()
         report.jobs, report.pods = len(objects), len(pods)
@@ -145,6 +154,9 @@ class Poller:
         queue = plan_queue(jobs, by_owner, settings.max_running_jobs)
         progress_budget = settings.progress_reads_per_cycle
         for job in jobs:
+            if not self.may_act():
+                report.skipped = True
+                break
             pod = by_owner.get(job.uid)
             due = self._progress_due(job, pod, settings) and progress_budget > 0
             try:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 RequestHook = Callable[[str, str, str], None]
 PAGE_SIZE = 500
 _JOBS = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
+_LEASES = "/apis/coordination.k8s.io/v1"
 REQUEST_TIMEOUT = 30.0
 
 
@@ -238,6 +239,38 @@ class Kube:
                 resource=api.PLURAL,
                 body={"propagationPolicy": "Background"},
             )
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        lease: dict[str, Any] = json.loads(
+            self._request(
+                "GET",
+                f"{_LEASES}/namespaces/{namespace}/leases/{name}",
+                verb="get",
+                resource="leases",
+            )
+        )
+        return lease
+
+    def create_lease(self, body: dict[str, Any]) -> None:
+        namespace = body["metadata"]["namespace"]
+        self._request(
+            "POST",
+            f"{_LEASES}/namespaces/{namespace}/leases",
+            verb="create",
+            resource="leases",
+            body=body,
+        )
+
+    def update_lease(self, body: dict[str, Any]) -> None:
+        """Replace the Lease; its resourceVersion makes a lost race a Conflict."""
+        meta = body["metadata"]
+        self._request(
+            "PUT",
+            f"{_LEASES}/namespaces/{meta['namespace']}/leases/{meta['name']}",
+            verb="update",
+            resource="leases",
+            body=body,
+        )
 
     def post_event(
         self,

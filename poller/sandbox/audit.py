@@ -49,6 +49,7 @@ class AuditCall:
     code: int
     uri: str
     timestamp: str
+    user_agent: str = ""
 
     @property
     def is_write(self) -> bool:
@@ -97,6 +98,7 @@ class AuditLog:
                     code=int((event.get("responseStatus") or {}).get("code", 0)),
                     uri=event.get("requestURI", ""),
                     timestamp=event.get("requestReceivedTimestamp", ""),
+                    user_agent=event.get("userAgent", ""),
                 )
 
     def calls_by(self, user: str, since: int = 0) -> list[AuditCall]:
