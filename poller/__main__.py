@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ from kubernetes import client, config
 
 from poller.cycle import Poller
 from poller.kube import Kube
+from poller.leader import LeaderElector
+from poller.metrics import PollerMetrics, serve
 from poller.service import PollingService
 
 __all__ = ["main"]
@@ -93,6 +96,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--namespaces", default="", help="comma-separated namespaces to manage (default: all)"
     )
     parser.add_argument("--once", action="store_true", help="run one cycle and exit")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="port of /metrics, /healthz and /readyz (default 8080; 0 disables)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",  # noqa: S104 (in a pod, Prometheus scrapes the pod IP)
+        help="address the metrics server binds (default 0.0.0.0)",
+    )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="act only while holding Lease lmeval-poller in the settings "
+        "namespace (run two replicas with this)",
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=15.0,
+        help="lease duration; a standby takes over within it (default 15)",
+    )
+    parser.add_argument(
+        "--identity",
+        default=None,
+        help="this replica's name in the Lease (default: $POD_NAME or host-pid)",
+    )
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
     return parser.parse_args(argv)
@@ -103,14 +134,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(args.log_level, args.json_logs)
     log = logging.getLogger("poller")
     namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
-    kube = Kube(_api_client(args.kubeconfig))
+    metrics = PollerMetrics()
+    identity = (
+        args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    )
+    api_client = _api_client(args.kubeconfig)
+    # The audit log tells replicas apart by their user agent.
+    api_client.user_agent = f"lmeval-poller/{identity}"
+    kube = Kube(api_client, on_request=metrics.on_request)
+    settings_namespace = args.settings_namespace or _default_namespace()
+    elector: LeaderElector | None = None
+    if args.leader_elect and not args.once:
+        elector = LeaderElector(
+            kube,
+            namespace=settings_namespace,
+            identity=identity,
+            lease_seconds=args.lease_seconds,
+            on_change=metrics.set_leader,
+        )
+        metrics.set_leader(False)
     poller = Poller(
         kube,
-        settings_namespace=args.settings_namespace or _default_namespace(),
+        settings_namespace=settings_namespace,
         namespaces=namespaces,
+        may_act=elector.is_leader if elector is not None else (lambda: True),
     )
     if args.once:
         report = poller.run_cycle()
+        metrics.cycle_hook(poller)(report, None)
         log.info(
             "one cycle: %d jobs, %d pods, %d patches, %d pods created, %d errors",
             report.jobs,
@@ -121,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1 if report.errors else 0
 
-    service = PollingService(poller)
+    service = PollingService(poller, on_cycle=metrics.cycle_hook(poller))
+    server = serve(metrics, args.metrics_port, args.metrics_address) if args.metrics_port else None
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -130,10 +182,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    if elector is not None:
+        elector.start()
     service.start()
     log.info("polling every %.1f s", service.interval)
     stop.wait()
     service.stop()
+    if elector is not None:
+        elector.stop()
+    if server is not None:
+        server.stop()
     log.info("stopped")
     return 0
 

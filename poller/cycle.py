@@ -31,6 +31,8 @@ from poller.model import (
     Decision,
     DeleteJob,
     DeletePod,
+    ExecResults,
+    ExecView,
     JobView,
     LogView,
     PatchStatus,
@@ -38,6 +40,7 @@ from poller.model import (
     PostEvent,
     QueueSlot,
     ReadLog,
+    ReleaseHold,
     StoreResults,
 )
 from poller.queue import plan_queue
@@ -203,13 +206,21 @@ class Poller:
         number of progress log reads spent."""
         now = self.clock()
 
-        def decide(log_view: LogView | None = None) -> Decision:
+        def decide(log_view: LogView | None = None, exec_view: ExecView | None = None) -> Decision:
             return decisions.decide(
-                job, pod, settings, now, log_view, queue=slot, progress_due=progress_due
+                job,
+                pod,
+                settings,
+                now,
+                log_view,
+                queue=slot,
+                progress_due=progress_due,
+                exec_view=exec_view,
             )
 
         decision = decide()
         progress_reads = 0
+        log_view: LogView | None = None
         for _ in range(MAX_LOG_ROUNDS):
             request = decision.needs_log
             if request is None:
@@ -217,7 +228,11 @@ class Poller:
             if request.purpose == "progress":
                 progress_reads += 1
                 self._progress_read_at[job.uid] = time.monotonic()
-            decision = decide(self._read_log(job, request))
+            log_view = self._read_log(job, request)
+            decision = decide(log_view)
+        wanted = decision.needs_exec
+        if wanted is not None:
+            decision = decide(log_view, self._exec_results(job, wanted))
         current = job
         for action in decision.actions:
             if isinstance(action, CreatePod):
@@ -231,6 +246,8 @@ class Poller:
                 self.kube.delete_pod(job.namespace, action.name)
             elif isinstance(action, DeleteJob):
                 self.kube.delete_job(job.namespace, job.name)
+            elif isinstance(action, ReleaseHold):
+                self._release(job, action)
             elif isinstance(action, PatchStatus):
                 if self._patch_status(job, action):
                     current = replace(job, status=action.status)
@@ -238,6 +255,24 @@ class Poller:
             elif isinstance(action, PostEvent):
                 self._post_event(job, action, now)
         return current, progress_reads
+
+    def _exec_results(self, job: JobView, action: ExecResults) -> ExecView:
+        """cat the results file in the held container; errors make an empty view."""
+        try:
+            code, out, err = self.kube.exec_in_pod(
+                job.namespace, action.pod, action.container, ["cat", action.path]
+            )
+        except Exception as error:  # exec is best effort: the log is the fallback
+            return ExecView(None, f"exec failed: {error}")
+        if code not in (0, None) or not out:
+            return ExecView(None, f"cat exited {code}: {err.strip()[:200]}")
+        return ExecView(out)
+
+    def _release(self, job: JobView, action: ReleaseHold) -> None:
+        try:
+            self.kube.exec_in_pod(job.namespace, action.pod, action.container, list(action.argv))
+        except Exception as error:  # the driver's hold ends by itself anyway
+            log.warning("could not release %s/%s: %s", job.namespace, action.pod, error)
 
     def _archive_log(self, job: JobView, action: ArchiveLog) -> None:
         """Keep the log's last bytes; a log that cannot be read is noted, not fatal."""

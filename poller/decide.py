@@ -19,6 +19,7 @@ imports nothing from `kubernetes`.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal as signals
 
 from pydantic import ValidationError
@@ -32,6 +33,8 @@ from poller.model import (
     Decision,
     DeleteJob,
     DeletePod,
+    ExecResults,
+    ExecView,
     JobView,
     LogView,
     PatchStatus,
@@ -39,6 +42,7 @@ from poller.model import (
     PostEvent,
     QueueSlot,
     ReadLog,
+    ReleaseHold,
     StoreResults,
     format_time,
     parse_time,
@@ -333,6 +337,11 @@ def _pending(
 def _complete(
     job: JobView, pod: PodView, settings: Settings, now: dt.datetime, log: LogView | None
 ) -> Decision:
+    if pod.main.exit_code == 0 and job.status.results is not None:
+        # Read (through exec or the log) while the driver held the container.
+        draft = _Status(job, now)
+        draft.finish(R.SUCCEEDED, job.status.message or "evaluation finished")
+        return Decision(draft.actions())
     if log is None:
         return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, FIRST_TAIL_LINES)])
     decoded = log.decoded
@@ -346,24 +355,8 @@ def _complete(
     outcome = decoded.outcome
     exit_code = pod.main.exit_code
     if exit_code == 0 and decoded.results is not None:
-        text, reduced = results.reduce_results(decoded.results)
-        name = results.results_configmap_name(job.name)
-        actions.append(
-            StoreResults(
-                results.results_configmap(
-                    namespace=job.namespace,
-                    job_name=job.name,
-                    job_uid=job.uid,
-                    results=decoded.results,
-                    labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
-                )
-            )
-        )
-        draft.fields.update(
-            results=text, results_reduced=reduced, results_config_map=name, results_source="log"
-        )
-        tasks = ", ".join(sorted((decoded.results.get("results") or {}).keys()))
-        draft.finish(R.SUCCEEDED, f"evaluation finished: {tasks}")
+        actions.append(_store_results(job, draft, decoded.results, "log"))
+        draft.finish(R.SUCCEEDED, draft.fields["message"])
     elif exit_code == 0:
         why = f"log unavailable: {log.unavailable}" if log.unavailable else decoded.results_error
         draft.finish(R.FAILED, f"lm_eval exited 0 but the pod log holds no results: {why}")
@@ -376,6 +369,65 @@ def _complete(
     if decoded.last_progress:
         _apply_progress(draft, decoded.last_progress)
     return Decision(draft.actions(before=actions))
+
+
+def _store_results(
+    job: JobView, draft: _Status, found: dict[str, object], source: str
+) -> StoreResults:
+    """Status fields for `found` results; the action that stores them in full."""
+    text, reduced = results.reduce_results(found)
+    draft.fields.update(
+        results=text,
+        results_reduced=reduced,
+        results_config_map=results.results_configmap_name(job.name),
+        results_source=source,
+    )
+    scores = found.get("results")
+    tasks = ", ".join(sorted(scores.keys())) if isinstance(scores, dict) else ""
+    draft.fields["message"] = f"evaluation finished: {tasks}"
+    return StoreResults(
+        results.results_configmap(
+            namespace=job.namespace,
+            job_name=job.name,
+            job_uid=job.uid,
+            results=found,
+            labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
+        )
+    )
+
+
+def _holding(
+    job: JobView,
+    pod: PodView,
+    settings: Settings,
+    log: LogView,
+    exec_view: ExecView | None,
+    draft: _Status,
+) -> list[Action] | None:
+    """Exec mode: the driver reported and holds its container. Read the results
+    by exec (falling back to the log), then release the hold. None: not holding."""
+    outcome = log.decoded.outcome
+    if settings.results_source != "exec" or outcome is None:
+        return None
+    actions: list[Action] = []
+    if outcome.event == protocol.EVENT_COMPLETED and job.status.results is None:
+        if exec_view is None and outcome.results_path:
+            return [ExecResults(pod.name, podspec.MAIN_CONTAINER, outcome.results_path)]
+        found: dict[str, object] | None = None
+        if exec_view is not None and exec_view.text:
+            try:
+                parsed = json.loads(exec_view.text)
+                found = parsed if isinstance(parsed, dict) else None
+            except ValueError:
+                found = None
+        source = "exec"
+        if found is None:
+            found, source = log.decoded.results, "log"
+        if found is not None:
+            actions.append(_store_results(job, draft, found, source))
+    release = (*podspec.driver_command(settings), "release")
+    actions.append(ReleaseHold(pod.name, podspec.MAIN_CONTAINER, release))
+    return actions
 
 
 def _apply_progress(draft: _Status, marker: dict[str, object]) -> None:
@@ -405,11 +457,13 @@ def decide(
     *,
     queue: QueueSlot | None = None,
     progress_due: bool = False,
+    exec_view: ExecView | None = None,
 ) -> Decision:
     """The actions that move `job` toward what it asks and what its pod shows. Pure.
 
     `queue` is set when the job waits for a free slot (max-running-jobs);
-    `progress_due` lets a running job's log be read for progress this cycle.
+    `progress_due` lets a running job's log be read for progress this cycle;
+    `exec_view` is what an exec'd `cat` of the results returned, when asked.
     """
     if job.deleting:
         return Decision()
@@ -458,8 +512,18 @@ def decide(
         return Decision(
             [ReadLog(pod.name, podspec.MAIN_CONTAINER, PROGRESS_TAIL_LINES, purpose="progress")]
         )
-    draft.state(S.RUNNING, R.NO_REASON, "evaluation running")
+    if draft.fields.get("state") != S.RUNNING.value:
+        draft.state(S.RUNNING, R.NO_REASON, "evaluation running")
     draft.condition(C.RUNNING, True, "ContainerRunning", "the evaluation container runs")
-    if log is not None and log.decoded.last_progress:
-        _apply_progress(draft, log.decoded.last_progress)
+    before: list[Action] = []
+    if log is not None:
+        if log.decoded.last_progress:
+            _apply_progress(draft, log.decoded.last_progress)
+        held = _holding(job, pod, settings, log, exec_view, draft)
+        if held and isinstance(held[0], ExecResults):
+            return Decision(held)
+        before = [a for a in held or [] if isinstance(a, StoreResults)]
+        return Decision(
+            [*draft.actions(before=before), *[a for a in held or [] if isinstance(a, ReleaseHold)]]
+        )
     return Decision(draft.actions())

@@ -25,6 +25,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
 
 from poller import api
 
@@ -239,6 +240,46 @@ class Kube:
                 resource=api.PLURAL,
                 body={"propagationPolicy": "Background"},
             )
+
+    def exec_in_pod(
+        self, namespace: str, pod: str, container: str, argv: list[str], timeout: float = 30.0
+    ) -> tuple[int | None, str, str]:
+        """Run `argv` (no shell) in a container; returns (exit code, stdout, stderr).
+
+        The stream helper swaps the ApiClient's request method while it runs, so
+        each exec gets a client of its own (same configuration and credentials).
+        """
+        code = "error"
+        try:
+            with client.ApiClient(self.api_client.configuration) as exec_client:
+                exec_client.user_agent = self.api_client.user_agent
+                response = stream(
+                    client.CoreV1Api(exec_client).connect_get_namespaced_pod_exec,
+                    pod,
+                    namespace,
+                    container=container,
+                    command=argv,
+                    stderr=True,
+                    stdin=False,
+                    stdout=True,
+                    tty=False,
+                    _preload_content=False,
+                    _request_timeout=timeout,
+                )
+                try:
+                    response.run_forever(timeout=timeout)
+                    stdout = response.read_stdout(timeout=0) or ""
+                    stderr = response.read_stderr(timeout=0) or ""
+                    exit_code = response.returncode
+                finally:
+                    response.close()
+            code = "101"
+        except ApiException as error:
+            code = str(error.status)
+            raise
+        finally:
+            self.on_request("get", "pods/exec", code)
+        return exit_code, str(stdout), str(stderr)
 
     def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
         lease: dict[str, Any] = json.loads(

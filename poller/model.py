@@ -22,6 +22,8 @@ __all__ = [
     "CreatePod",
     "DeleteJob",
     "DeletePod",
+    "ExecResults",
+    "ExecView",
     "JobView",
     "LogView",
     "PatchStatus",
@@ -29,6 +31,7 @@ __all__ = [
     "PostEvent",
     "QueueSlot",
     "ReadLog",
+    "ReleaseHold",
     "StoreResults",
     "format_time",
     "parse_time",
@@ -248,6 +251,32 @@ class ArchiveLog:
 
 
 @dataclass(frozen=True)
+class ExecResults:
+    """exec `cat` of the results file in the held container, then decide again."""
+
+    pod: str
+    container: str
+    path: str
+
+
+@dataclass(frozen=True)
+class ReleaseHold:
+    """exec the driver's `release` so a holding container exits."""
+
+    pod: str
+    container: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExecView:
+    """What the exec'd `cat` returned: the text, or why there is none."""
+
+    text: str | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class DeletePod:
     name: str
 
@@ -273,6 +302,8 @@ Action = (
     | ArchiveLog
     | DeletePod
     | DeleteJob
+    | ExecResults
+    | ReleaseHold
 )
 
 
@@ -285,3 +316,7 @@ class Decision:
     @property
     def needs_log(self) -> ReadLog | None:
         return next((a for a in self.actions if isinstance(a, ReadLog)), None)
+
+    @property
+    def needs_exec(self) -> ExecResults | None:
+        return next((a for a in self.actions if isinstance(a, ExecResults)), None)

@@ -33,6 +33,7 @@ __all__ = [
     "MANAGED_BY",
     "JobPodError",
     "build_pod",
+    "driver_command",
     "lm_eval_argv",
     "pod_name",
 ]
@@ -163,6 +164,11 @@ def _env(
     return env
 
 
+def driver_command(settings: Settings) -> list[str]:
+    """How the job container invokes the driver (also for `release` through exec)."""
+    return ["python", "-m", "driver"] if settings.driver_image else ["lmeval-driver"]
+
+
 def build_pod(
     *, name: str, namespace: str, uid: str, spec: api.LMEvalJobSpec, settings: Settings
 ) -> dict[str, Any]:
@@ -177,7 +183,7 @@ def build_pod(
     ]
     if settings.results_source == "exec":
         driver_args.append("--hold-seconds=300")
-    driver = ["python", "-m", "driver"] if use_copied_driver else ["lmeval-driver"]
+    driver = driver_command(settings)
     command = [
         *driver,
         *driver_args,

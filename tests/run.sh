@@ -35,6 +35,7 @@ export PATH=$venv/bin:$PATH
 
 echo "== control-plane binaries"
 python -m poller.sandbox build
+python -m poller.sandbox.prometheus
 
 echo "== ruff and mypy"
 ruff check .

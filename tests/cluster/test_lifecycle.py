@@ -13,6 +13,8 @@ namespaces.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -445,3 +447,47 @@ def test_queue_caps_running_jobs_fifo_across_namespaces(
         _settings(admin_api)
         for ns in namespaces:
             core.delete_namespace(ns)
+
+
+def _serve_exec(admin_api: client.ApiClient, namespace: str, pod: str, work_dir: Path) -> None:
+    client.CustomObjectsApi(admin_api).create_namespaced_custom_object(
+        "kwok.x-k8s.io",
+        "v1alpha1",
+        namespace,
+        "execs",
+        kwok.exec_body(
+            namespace, pod, work_dir, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+        ),
+    )
+
+
+@pytest.mark.parametrize("exec_works", [True, False])
+def test_exec_results_match_log_results(
+    poller: Poller,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    succeeded_run: CapturedRun,
+    tmp_path: Path,
+    exec_works: bool,
+) -> None:
+    _settings(admin_api, **{"results-source": "exec", "progress-interval": "1s"})
+    jobs.create("held")
+    pod = _pod_of(poller, jobs, "held")
+    command = jobs.pod(pod).spec.containers[0].command
+    assert "--hold-seconds=300" in command
+    if exec_works:
+        _serve_exec(admin_api, jobs.namespace, pod, tmp_path)
+    # The driver has reported and holds its container: still Running.
+    serve_log(admin_api, jobs.namespace, pod, succeeded_run.log, tmp_path)
+    stored = cycle_until(
+        poller,
+        lambda: jobs.status("held").get("results") and jobs.status("held"),
+        what="results read while held",
+    )
+    assert stored["state"] == "Running"
+    assert stored["resultsSource"] == ("exec" if exec_works else "log")
+    assert json.loads(stored["results"]) == succeeded_run.results
+    terminate(admin_api, jobs.namespace, pod, 0)
+    final = _complete(poller, jobs, "held")
+    assert final["reason"] == "Succeeded"
+    assert json.loads(final["results"]) == succeeded_run.results

@@ -25,6 +25,8 @@ from poller.model import (
     CreatePod,
     DeleteJob,
     DeletePod,
+    ExecResults,
+    ExecView,
     JobView,
     LogView,
     PatchStatus,
@@ -32,6 +34,7 @@ from poller.model import (
     PostEvent,
     QueueSlot,
     ReadLog,
+    ReleaseHold,
     StoreResults,
     format_time,
 )
@@ -400,3 +403,28 @@ def test_condition_transition_time_moves_only_on_flip() -> None:
     assert same[0].last_transition_time == "t1" and same[0].observed_generation == 2
     flipped = decide.set_condition(same, api.ConditionType.RUNNING, False, "C", "", "t3", 2)
     assert flipped[0].last_transition_time == "t3"
+
+
+def test_exec_mode_reads_results_by_exec_then_releases_the_hold() -> None:
+    exec_settings = Settings(**{"results-source": "exec"})
+    held = log_view(completed_log())
+    running = job(running_status())
+    first = decide.decide(running, pod(), exec_settings, NOW, held)
+    assert first.actions == [ExecResults("eval-abc123", "lmeval", "/x")]
+    done = decide.decide(
+        running, pod(), exec_settings, NOW, held, exec_view=ExecView(json.dumps(RESULTS))
+    )
+    assert isinstance(done.actions[0], StoreResults)
+    status = status_of(done)
+    assert status.results_source == "exec" and json.loads(status.results or "") == RESULTS
+    assert done.actions[-1] == ReleaseHold("eval-abc123", "lmeval", ("lmeval-driver", "release"))
+    fallback = status_of(
+        decide.decide(
+            running, pod(), exec_settings, NOW, held, exec_view=ExecView(None, "exec failed")
+        )
+    )
+    assert fallback.results_source == "log" and json.loads(fallback.results or "") == RESULTS
+    # Once the container exits, the stored results make it Succeeded without a log read.
+    stored = job(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    final = status_of(decide.decide(stored, pod("terminated", exit_code=0), exec_settings, NOW))
+    assert final.reason == api.JobReason.SUCCEEDED

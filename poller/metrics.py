@@ -1,0 +1,557 @@
+"""Prometheus metrics: the poller's own health, and every job's state and scores.
+
+Two kinds of series, kept apart on purpose:
+
+* **Health** (counters, gauges and histograms owned by `PollerMetrics`):
+  cycles, their duration and failures, the age of the last good cycle, the
+  poll interval in force, every API request by verb/resource/code (counted in
+  `poller.kube`, the one layer that talks to the API), and whether this replica
+  is the acting one. Their labels are fixed vocabularies written in the code;
+  a string from a user never becomes a label of a counter or a histogram,
+  because those series live as long as the process and a user who creates
+  jobs with fresh names would otherwise grow them without bound.
+* **Jobs** (`JobCollector`): built at scrape time from the last cycle's
+  snapshot, an immutable tuple replaced as a whole after each cycle. Nothing
+  per job is remembered between cycles, so a deleted job's series are gone
+  from the next scrape instead of lingering at their last value, and the
+  memory they need is bounded by the jobs that exist. The results JSON of a
+  job is parsed once when it first appears (or changes), not on every scrape.
+
+No label is ever named ``job`` or ``instance``: Prometheus attaches those to
+every scraped series itself. ``_created`` series are switched off: they double
+the series count and nothing here needs them.
+
+`serve` exposes ``/metrics`` plus ``/healthz`` (liveness: a cycle succeeded
+recently enough) and ``/readyz`` (a first cycle succeeded) on one small
+threaded HTTP server that tests can start on 127.0.0.1:0 and stop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    make_wsgi_app,
+)
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
+
+from poller import api
+from poller.cycle import CycleReport
+from poller.model import JobView
+
+__all__ = [
+    "JOB_DURATION_BUCKETS",
+    "JobCollector",
+    "MetricsServer",
+    "PollerMetrics",
+    "ResultSample",
+    "parse_results",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+# Off for every registry in the process (a global switch of prometheus_client).
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+STATES = tuple(state.value for state in api.JobState)
+REASONS = tuple(reason.value for reason in api.JobReason)
+# Evaluations take from seconds (tiny tasks, `limit`) to days (full suites).
+JOB_DURATION_BUCKETS = (
+    10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+    7200.0, 14400.0, 28800.0, 86400.0, 172800.0,
+)  # fmt: skip
+CYCLE_DURATION_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+# /healthz fails when no cycle succeeded for this many intervals (or cycle durations).
+STALE_CYCLES = 5
+STALE_FLOOR_SECONDS = 60.0
+
+
+def _timestamp(text: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time, or None."""
+    if not text:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
+@dataclass(frozen=True)
+class ResultSample:
+    """One score from lm_eval's results: ``results[task]["metric,filter"]``."""
+
+    task: str
+    metric: str
+    filter: str
+    value: float
+    stderr: bool  # an ``<metric>_stderr`` value (metric holds the base name)
+
+
+def parse_results(text: str | None) -> tuple[ResultSample, ...]:
+    """The numeric scores in an lm_eval results JSON; anything else is skipped.
+
+    Keys are ``"metric,filter"`` (``"acc,none"``, ``"exact_match,strict-match"``);
+    ``"<metric>_stderr,filter"`` becomes a stderr sample of ``<metric>``. Task
+    entries come from ``results`` and, for group scores absent there, from
+    ``groups``. Strings (``alias``, ``"N/A"`` stderr), booleans and keys without
+    a filter (``sample_len``) are not scores.
+    """
+    if not text:
+        return ()
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return ()
+    if not isinstance(document, dict):
+        return ()
+    tasks: dict[str, Any] = {}
+    for section in ("groups", "results"):  # results win over groups
+        entries = document.get(section)
+        if isinstance(entries, dict):
+            tasks.update(entries)
+    samples: list[ResultSample] = []
+    for task, scores in sorted(tasks.items()):
+        if not isinstance(scores, dict):
+            continue
+        for key, value in scores.items():
+            if not isinstance(key, str) or "," not in key:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            metric, _, filter_name = key.partition(",")
+            stderr = metric.endswith("_stderr")
+            if stderr:
+                metric = metric.removesuffix("_stderr")
+            samples.append(ResultSample(str(task), metric, filter_name, float(value), stderr))
+    return tuple(samples)
+
+
+@dataclass(frozen=True)
+class _JobSeries:
+    """What the collector exposes for one job, computed once per snapshot."""
+
+    namespace: str
+    name: str
+    model: str
+    state: str
+    reason: str
+    started: float | None
+    completed: float | None
+    progress: float | None
+    results: tuple[ResultSample, ...]
+
+
+def _progress_ratio(job: JobView) -> float | None:
+    status = job.status
+    percent = status.progress.percent if status.progress else None
+    if percent is not None and math.isfinite(percent):
+        return min(max(percent / 100.0, 0.0), 1.0)
+    if status.state == api.JobState.COMPLETE and status.reason == api.JobReason.SUCCEEDED:
+        return 1.0
+    return None
+
+
+class JobCollector(Collector):
+    """Per-job series from the last cycle's snapshot (and nothing older)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._series: tuple[_JobSeries, ...] = ()
+        # uid -> (results text, parsed samples): parse each results JSON once.
+        self._parsed: dict[str, tuple[str, tuple[ResultSample, ...]]] = {}
+
+    def update(self, jobs: Iterable[JobView]) -> None:
+        """Replace the snapshot; the next scrape sees exactly these jobs."""
+        parsed: dict[str, tuple[str, tuple[ResultSample, ...]]] = {}
+        series: list[_JobSeries] = []
+        for job in jobs:
+            status = job.status
+            text = status.results or ""
+            cached = self._parsed.get(job.uid)
+            results = cached[1] if cached and cached[0] == text else parse_results(text)
+            parsed[job.uid] = (text, results)
+            series.append(
+                _JobSeries(
+                    namespace=job.namespace,
+                    name=job.name,
+                    model=str(job.spec.get("model") or ""),
+                    state=(status.state or api.JobState.NEW).value,
+                    reason=(status.reason or api.JobReason.NO_REASON).value,
+                    started=_timestamp(status.last_schedule_time),
+                    completed=_timestamp(status.complete_time),
+                    progress=_progress_ratio(job),
+                    results=results,
+                )
+            )
+        snapshot = tuple(sorted(series, key=lambda s: (s.namespace, s.name)))
+        with self._lock:
+            self._series = snapshot
+            self._parsed = parsed
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(()))
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            series = self._series
+        return list(self._families(series))
+
+    @staticmethod
+    def _families(series: Sequence[_JobSeries]) -> Iterator[Metric]:
+        ids = ["namespace", "lmevaljob"]
+        counts = GaugeMetricFamily(
+            "lmeval_jobs", "LMEvalJobs by namespace and state.", labels=["namespace", "state"]
+        )
+        info = InfoMetricFamily(
+            "lmeval_job",
+            "One series per LMEvalJob (value 1) carrying its model, state and reason.",
+            labels=[*ids, "model", "state", "reason"],
+        )
+        started = GaugeMetricFamily(
+            "lmeval_job_start_timestamp_seconds",
+            "When the job's pod was last scheduled (status.lastScheduleTime).",
+            labels=ids,
+        )
+        completed = GaugeMetricFamily(
+            "lmeval_job_completion_timestamp_seconds",
+            "When the job finished (status.completeTime).",
+            labels=ids,
+        )
+        progress = GaugeMetricFamily(
+            "lmeval_job_progress_ratio",
+            "Share of the evaluation done, 0 to 1, as the driver last reported it.",
+            labels=ids,
+        )
+        result_labels = [*ids, "task", "metric", "filter"]
+        result = GaugeMetricFamily(
+            "lmeval_job_result",
+            "Evaluation score of a finished job: lm_eval results[task]['metric,filter'].",
+            labels=result_labels,
+        )
+        stderr = GaugeMetricFamily(
+            "lmeval_job_result_stderr",
+            "Standard error of lmeval_job_result: lm_eval results[task]['metric_stderr,filter'].",
+            labels=result_labels,
+        )
+        per_namespace: dict[str, dict[str, int]] = {}
+        for job in series:
+            states = per_namespace.setdefault(job.namespace, dict.fromkeys(STATES, 0))
+            states[job.state] = states.get(job.state, 0) + 1
+            key = [job.namespace, job.name]
+            info.add_metric(key, {"model": job.model, "state": job.state, "reason": job.reason})
+            if job.started is not None:
+                started.add_metric(key, job.started)
+            if job.completed is not None:
+                completed.add_metric(key, job.completed)
+            if job.progress is not None:
+                progress.add_metric(key, job.progress)
+            for sample in job.results:
+                family = stderr if sample.stderr else result
+                family.add_metric([*key, sample.task, sample.metric, sample.filter], sample.value)
+        for namespace, states in sorted(per_namespace.items()):
+            for state, count in states.items():
+                counts.add_metric([namespace, state], count)
+        yield from (counts, info, started, completed, progress, result, stderr)
+
+
+class _PollerLike(Protocol):
+    """What `PollerMetrics.cycle_hook` reads from the poller after each cycle."""
+
+    @property
+    def settings(self) -> Any: ...
+
+    @property
+    def tracker(self) -> Any: ...
+
+
+class PollerMetrics:
+    """Every metric of the poller, registered on one (injected) registry."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        completed_since: float | None = None,
+    ) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.clock = clock
+        # Jobs that finished before this moment finished before this process
+        # watched them: a restart must not observe their durations again.
+        self.completed_since = clock() if completed_since is None else completed_since
+        self._lock = threading.Lock()
+        self._observed: set[str] = set()
+        self._started = clock()
+        self._last_success: float | None = None
+        self._last_duration = 0.0
+        self._interval = 0.0
+        r = self.registry
+        self.cycle_duration = Histogram(
+            "lmeval_poll_cycle_duration_seconds",
+            "Duration of poll cycles (settings read, LISTs, decisions and actions).",
+            buckets=CYCLE_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.cycles = Counter(
+            "lmeval_poll_cycles",
+            "Poll cycles run, by outcome (skipped: this replica is not the leader).",
+            ["outcome"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "lmeval_poll_errors",
+            "Poll errors: scope=cycle when a whole cycle failed, scope=job per job that raised.",
+            ["scope"],
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "lmeval_last_successful_cycle_timestamp_seconds",
+            "When the last poll cycle that acted on jobs completed (0 before the first).",
+            registry=r,
+        )
+        self.interval = Gauge(
+            "lmeval_poll_interval_seconds",
+            "The poll interval in force (settings key poll-interval).",
+            registry=r,
+        )
+        self.settings_problems = Gauge(
+            "lmeval_settings_problems",
+            "Keys of the settings ConfigMap currently ignored as invalid or unknown.",
+            registry=r,
+        )
+        self.kube_requests = Counter(
+            "lmeval_kube_requests",
+            "Kubernetes API requests by verb, resource and HTTP status code "
+            "(code=error when no response came back).",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "lmeval_leader",
+            "1 on the replica that acts on jobs, 0 on a standby.",
+            registry=r,
+        )
+        self.job_duration = Histogram(
+            "lmeval_job_duration_seconds",
+            "Run time of jobs that finished while this poller was running "
+            "(from lastScheduleTime, else creation, to completeTime), by reason.",
+            ["reason"],
+            buckets=JOB_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.jobs = JobCollector()
+        r.register(self.jobs)
+        # Known label values start at zero, so rate() and alerts see them from the start.
+        for outcome in ("success", "failure", "skipped"):
+            self.cycles.labels(outcome)
+        for scope in ("cycle", "job"):
+            self.errors.labels(scope)
+        for reason in REASONS[1:]:
+            self.job_duration.labels(reason)
+        self.leader.set(1)
+
+    # -- hooks -------------------------------------------------------------------
+
+    def on_request(self, verb: str, resource: str, code: str) -> None:
+        """`Kube`'s ``on_request`` hook: count one API request."""
+        self.kube_requests.labels(verb, resource, code).inc()
+
+    def set_leader(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
+
+    def observe_cycle(
+        self,
+        report: CycleReport | None,
+        failure: BaseException | None,
+        interval: float | None = None,
+        settings_problems: int | None = None,
+    ) -> None:
+        """`PollingService`'s ``on_cycle``: record one cycle and take its snapshot.
+
+        A failed cycle (no report) keeps the previous snapshot: the jobs did not
+        vanish because a LIST failed, and the age of the last good cycle says
+        how old it is. A cycle skipped because this replica is not the leader
+        clears it: only the acting replica exposes per-job series, so sums over
+        replicas count each job once.
+        """
+        if interval is not None:
+            self.interval.set(interval)
+            self._interval = interval
+        if settings_problems is not None:
+            self.settings_problems.set(settings_problems)
+        if report is None or failure is not None:
+            self.cycles.labels("failure").inc()
+            self.errors.labels("cycle").inc()
+            return
+        now = self.clock()
+        if report.errors:
+            self.errors.labels("job").inc(report.errors)
+        with self._lock:  # a standby that cycles is healthy too
+            self._last_success = now
+            self._last_duration = report.duration
+        if report.skipped:
+            self.cycles.labels("skipped").inc()
+            self.set_leader(False)
+            self.jobs.update(())
+            return
+        self.set_leader(True)
+        self.cycles.labels("success").inc()
+        self.cycle_duration.observe(report.duration)
+        self.jobs.update(report.snapshot)
+        self._observe_durations(report.snapshot)
+        self.last_success.set(now)
+
+    def cycle_hook(
+        self, poller: _PollerLike
+    ) -> Callable[[CycleReport | None, BaseException | None], None]:
+        """An ``on_cycle`` callback that also reads the poller's current settings."""
+
+        def hook(report: CycleReport | None, failure: BaseException | None) -> None:
+            self.observe_cycle(
+                report,
+                failure,
+                interval=float(poller.settings.poll_interval),
+                settings_problems=len(poller.tracker.problems),
+            )
+
+        return hook
+
+    def _observe_durations(self, snapshot: Sequence[JobView]) -> None:
+        present: set[str] = set()
+        for job in snapshot:
+            present.add(job.uid)
+            status = job.status
+            if status.state != api.JobState.COMPLETE or job.uid in self._observed:
+                continue
+            self._observed.add(job.uid)
+            end = _timestamp(status.complete_time)
+            begin = _timestamp(status.last_schedule_time) or _timestamp(job.creation_timestamp)
+            # completeTime has whole seconds: allow the one this process started in.
+            if end is None or begin is None or end < math.floor(self.completed_since):
+                continue
+            reason = (status.reason or api.JobReason.FAILED).value
+            self.job_duration.labels(reason).observe(max(end - begin, 0.0))
+        # UIDs are never reused: forget the jobs that are gone (bounded memory).
+        self._observed &= present
+
+    # -- health ------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: has a cycle succeeded recently enough?"""
+        now = self.clock()
+        with self._lock:
+            last, duration, interval = self._last_success, self._last_duration, self._interval
+        allowed = max(STALE_CYCLES * max(interval, duration), STALE_FLOOR_SECONDS)
+        since = self._started if last is None else last
+        age = now - since
+        if age > allowed:
+            what = "no successful cycle" if last is None else "last successful cycle"
+            return False, f"{what} for {age:.0f} s (allowed {allowed:.0f} s)"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: a first cycle has succeeded."""
+        with self._lock:
+            last = self._last_success
+        return (True, "ok") if last is not None else (False, "no successful cycle yet")
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would drown the poller's own log."""
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` server; `stop()` closes it."""
+
+    server: ThreadingWSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = str(self.server.server_address[0])
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def _app(metrics: PollerMetrics) -> Callable[[WSGIEnvironment, StartResponse], Iterable[bytes]]:
+    exposition = make_wsgi_app(metrics.registry)
+    checks: Mapping[str, Callable[[], tuple[bool, str]]] = {
+        "/healthz": metrics.health,
+        "/readyz": metrics.ready,
+    }
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        check = checks.get(path)
+        if check is not None:
+            ok, detail = check()
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "text/plain; charset=utf-8")],
+            )
+            return [f"{detail}\n".encode()]
+        if path == "/metrics":
+            body: Iterable[bytes] = exposition(environ, start_response)
+            return body
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"see /metrics, /healthz, /readyz\n"]
+
+    return app
+
+
+def serve(metrics: PollerMetrics, port: int = 8080, address: str = "0.0.0.0") -> MetricsServer:  # noqa: S104
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` from a daemon thread.
+
+    ``port=0`` picks a free port (see `MetricsServer.port`).
+    """
+
+    class Server(ThreadingWSGIServer):
+        pass
+
+    if ":" in address:
+        Server.address_family = socket.AF_INET6
+    server = make_server(address, port, _app(metrics), Server, handler_class=_QuietHandler)
+    thread = threading.Thread(
+        target=server.serve_forever, name="lmeval-metrics", kwargs={"poll_interval": 0.5}
+    )
+    thread.daemon = True
+    thread.start()
+    running = MetricsServer(server, thread)
+    log.info("serving metrics on %s/metrics", running.url)
+    return running
