@@ -146,6 +146,28 @@ class Toleration(_Model):
     toleration_seconds: int | None = None
 
 
+class ContainerPort(_Model):
+    container_port: Annotated[int, Field(ge=1, le=65535)]
+    name: (
+        Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=15)] | None
+    ) = None
+    protocol: Annotated[str, Field(pattern=r"^(TCP|UDP|SCTP)$")] | None = None
+
+
+class Sidecar(_Model):
+    """A container beside the evaluation, held to the restricted profile."""
+
+    name: Annotated[str, Field(pattern=DNS_LABEL, max_length=63)] = Field(
+        description="Container name (not lmeval)."
+    )
+    image: Annotated[str, Field(pattern=r"^[^\s]+$", max_length=512)]
+    command: list[Annotated[str, Field(max_length=4096)]] | None = None
+    args: list[Annotated[str, Field(max_length=4096)]] | None = None
+    env: list[EnvVar] | None = None
+    resources: ResourceRequirements | None = None
+    ports: list[ContainerPort] | None = None
+
+
 class PodOverride(_Model):
     """The restricted subset of the job pod that a job may shape."""
 
@@ -159,6 +181,12 @@ class PodOverride(_Model):
         default=None, description="Node labels the pod must match."
     )
     tolerations: list[Toleration] | None = Field(default=None, description="Pod tolerations.")
+    sidecars: Annotated[list[Sidecar], Field(max_length=8)] | None = Field(
+        default=None,
+        description="Extra containers beside the evaluation (e.g. storage connectivity). They "
+        "get the same restricted security context; the admission policy allows them only to "
+        "users who may create pods in the namespace themselves.",
+    )
 
 
 class CustomTasks(_Model):
@@ -216,6 +244,18 @@ class LMEvalJobSpec(_Model):
         description="ConfigMaps with task definitions, passed to lm_eval with --include_path.",
     )
     pod: PodOverride | None = Field(default=None, description="Restricted pod overrides.")
+    size: Annotated[str, Field(pattern=DNS_LABEL, max_length=63)] | None = Field(
+        default=None,
+        description="A resource preset from the poller setting size-presets (e.g. small, "
+        "medium, large). Resources in spec.pod.resources win over the preset's.",
+    )
+    device: Annotated[str, Field(pattern=r"^(cpu|mps|xpu|hpu|npu|cuda)(:[0-9]{1,2})?$")] | None = (
+        Field(
+            default=None,
+            description="lm_eval --device. Default: cuda when the job's resources request a "
+            "GPU, else cpu.",
+        )
+    )
     outputs: Outputs | None = Field(default=None, description="Where full outputs go.")
     labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
         default=None, description="Labels added to the job pod."

@@ -36,6 +36,7 @@ __all__ = [
     "driver_command",
     "lm_eval_argv",
     "pod_name",
+    "resources_for",
 ]
 
 MANAGED_BY = "lmeval-poller"
@@ -118,7 +119,40 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
     if spec.custom_tasks:
         # lm_eval scans the directory recursively: one path covers every ConfigMap.
         argv.append(f"--include_path={CUSTOM_TASKS_ROOT}")
+    argv.append(f"--device={spec.device or _default_device(spec, settings)}")
     return argv
+
+
+def resources_for(spec: api.LMEvalJobSpec, settings: Settings) -> dict[str, dict[str, str]]:
+    """The main container's resources: the size preset, overridden key by key by
+    spec.pod.resources. Raises JobPodError for an unknown size."""
+    size = spec.size or settings.default_size
+    merged: dict[str, dict[str, str]] = {}
+    if size:
+        preset = settings.size_presets.get(size)
+        if preset is None:
+            known = ", ".join(sorted(settings.size_presets)) or "none are defined"
+            raise JobPodError(
+                f"spec.size: unknown size {size!r}; known sizes: {known} "
+                "(size-presets in ConfigMap lmeval-poller-config)"
+            )
+        for kind, values in preset.model_dump(exclude_none=True).items():
+            merged[kind] = dict(values)
+    explicit = spec.pod.resources if spec.pod else None
+    if explicit is not None:
+        for kind, values in explicit.model_dump(exclude_none=True).items():
+            merged.setdefault(kind, {}).update(values)
+    return merged
+
+
+def _default_device(spec: api.LMEvalJobSpec, settings: Settings) -> str:
+    try:
+        resources = resources_for(spec, settings)
+    except JobPodError:
+        return "cpu"  # build_pod reports the unknown size itself
+    wanted = {**resources.get("limits", {}), **resources.get("requests", {})}
+    gpus = [name for name in settings.gpu_resource_names if wanted.get(name, "0") not in ("0", "")]
+    return "cuda" if gpus else "cpu"
 
 
 def _security_context() -> dict[str, Any]:
@@ -167,6 +201,20 @@ def _env(
 def driver_command(settings: Settings) -> list[str]:
     """How the job container invokes the driver (also for `release` through exec)."""
     return ["python", "-m", "driver"] if settings.driver_image else ["lmeval-driver"]
+
+
+def _sidecars(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
+    containers: list[dict[str, Any]] = []
+    for sidecar in (spec.pod.sidecars if spec.pod else None) or []:
+        if sidecar.name in (MAIN_CONTAINER, "install-driver"):
+            raise JobPodError(f"spec.pod.sidecars: the name {sidecar.name!r} is reserved")
+        container = sidecar.model_dump(by_alias=True, exclude_none=True)
+        # Whatever the job asked for, a sidecar runs under the same restricted
+        # profile as the evaluation, with a writable /tmp of its own only.
+        container["securityContext"] = _security_context()
+        container["volumeMounts"] = [{"name": f"{sidecar.name}-tmp", "mountPath": POD_TMP}]
+        containers.append(container)
+    return containers
 
 
 def build_pod(
@@ -256,9 +304,9 @@ def build_pod(
         "workingDir": POD_TMP,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    resources = spec.pod.resources if spec.pod else None
+    resources = resources_for(spec, settings)
     if resources:
-        main["resources"] = resources.model_dump(exclude_none=True)
+        main["resources"] = resources
 
     labels = dict(spec.labels or {})
     labels.update(
@@ -275,9 +323,11 @@ def build_pod(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [main],
+        "containers": [main, *_sidecars(spec)],
         "volumes": volumes,
     }
+    for sidecar in (spec.pod.sidecars if spec.pod else None) or []:
+        volumes.append({"name": f"{sidecar.name}-tmp", "emptyDir": {}})
     if init_containers:
         pod_spec["initContainers"] = init_containers
     if spec.pod and spec.pod.node_selector:

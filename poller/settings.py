@@ -12,10 +12,19 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from poller.api import DNS_LABEL, ResourceRequirements
 
 __all__ = ["CONFIGMAP_NAME", "Settings", "SettingsTracker", "parse_duration"]
 
@@ -58,6 +67,12 @@ def _yaml_mapping(text: object) -> object:
     return text
 
 
+def _name_list(text: object) -> object:
+    if isinstance(text, str):
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return text
+
+
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Flag = Annotated[bool, BeforeValidator(_boolean)]
 
@@ -92,8 +107,21 @@ class Settings(BaseModel):
         64 * 1024
     )
     size_presets: Annotated[
-        dict[str, dict[str, Any]], BeforeValidator(_yaml_mapping), Field(alias="size-presets")
+        dict[Annotated[str, Field(pattern=DNS_LABEL)], ResourceRequirements],
+        BeforeValidator(_yaml_mapping),
+        Field(alias="size-presets"),
     ] = Field(default_factory=dict)
+    default_size: Annotated[str, Field(alias="default-size")] = ""
+    gpu_resource_names: Annotated[
+        list[str], BeforeValidator(_name_list), Field(alias="gpu-resource-names", min_length=1)
+    ] = Field(default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915"])
+
+    @model_validator(mode="after")
+    def _default_size_exists(self) -> Settings:
+        if self.default_size and self.default_size not in self.size_presets:
+            known = ", ".join(sorted(self.size_presets)) or "none defined"
+            raise ValueError(f"default-size {self.default_size!r} is not in size-presets ({known})")
+        return self
 
     @classmethod
     def keys(cls) -> dict[str, str]:

@@ -94,7 +94,7 @@ def test_settings_keep_the_last_good_value_per_key() -> None:
         }
     )
     assert first.poll_interval == 5 and first.allow_online is True
-    assert first.size_presets == {"small": {"requests": {"cpu": "1"}}}
+    assert first.size_presets["small"].requests == {"cpu": "1"}
     second = tracker.update(
         {"poll-interval": "soon", "allow-online": "no", "max-running-jobs": "-1", "surprise": "1"}
     )
@@ -149,6 +149,7 @@ def test_argv_is_single_tokens_and_offline_by_default() -> None:
         "--model_args=pretrained=gpt2,dtype=float16",
         "--num_fewshot=0",
         "--limit=0.5",
+        "--device=cpu",
     ]
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
