@@ -494,6 +494,20 @@ def decide(
         return _stop(job, pod, settings, now, R.FAILED, message, cause="Evicted")
     if pod.main.state == "terminated":
         return _complete(job, pod, settings, now, log)
+    if pod.phase in ("Failed", "Succeeded"):
+        # Ended without the main container ever running (e.g. the driver's
+        # init container failed): nothing will change any more.
+        detail = ": ".join(part for part in (pod.reason, pod.message) if part)
+        message = f"pod {pod.name} ended ({pod.phase}) before the evaluation ran"
+        return _stop(
+            job,
+            pod,
+            settings,
+            now,
+            R.FAILED,
+            f"{message}: {detail}" if detail else message,
+            cause="PodFailed",
+        )
     if pod.deleting:
         message = f"pod {pod.name} was deleted before the evaluation finished"
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodDeleted")

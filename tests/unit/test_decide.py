@@ -428,3 +428,12 @@ def test_exec_mode_reads_results_by_exec_then_releases_the_hold() -> None:
     stored = job(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
     final = status_of(decide.decide(stored, pod("terminated", exit_code=0), exec_settings, NOW))
     assert final.reason == api.JobReason.SUCCEEDED
+
+
+def test_pod_that_ended_before_the_evaluation_ran_fails() -> None:
+    ended = pod("waiting", phase="Failed", pod_reason="InitFailed", pod_message="cp: not found")
+    status = status_of(decide.decide(job(running_status()), ended, SETTINGS, NOW))
+    assert status.reason == api.JobReason.FAILED
+    assert status.message == (
+        "pod eval-abc123 ended (Failed) before the evaluation ran: InitFailed: cp: not found"
+    )
