@@ -367,6 +367,9 @@ class LMEvalJobStatus(_Model):
     results_source: str | None = Field(
         default=None, description="Where the results were read: log or exec."
     )
+    outputs: str | None = Field(
+        default=None, description="Where the full outputs are kept (spec.outputs.pvcName)."
+    )
     conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
     observed_generation: int | None = Field(
         default=None, description="The spec generation this status reflects."

@@ -216,6 +216,8 @@ def _schedule(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
     )
     draft.fields.update(pod_name=name, last_schedule_time=draft.now)
     draft.fields.setdefault("start_time", draft.now)
+    if (outputs := podspec.outputs_location(spec, job.name, job.uid)) is not None:
+        draft.fields["outputs"] = outputs
     draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {name} created")
     return Decision([CreatePod(manifest), *draft.actions()])
 

@@ -35,6 +35,7 @@ __all__ = [
     "build_pod",
     "driver_command",
     "lm_eval_argv",
+    "outputs_location",
     "pod_name",
     "resources_for",
 ]
@@ -198,6 +199,16 @@ def _env(
     return env
 
 
+def outputs_location(spec: api.LMEvalJobSpec, name: str, uid: str) -> str | None:
+    """Where a job's full outputs go, as status reports it (None: only in the pod)."""
+    if not (spec.outputs and spec.outputs.pvc_name):
+        return None
+    return (
+        f"PersistentVolumeClaim {spec.outputs.pvc_name}: run-*/ (lm_eval outputs) and "
+        f"{pod_name(name, uid)}.log (the complete log)"
+    )
+
+
 def driver_command(settings: Settings) -> list[str]:
     """How the job container invokes the driver (also for `release` through exec)."""
     return ["python", "-m", "driver"] if settings.driver_image else ["lmeval-driver"]
@@ -231,6 +242,9 @@ def build_pod(
     ]
     if settings.results_source == "exec":
         driver_args.append("--hold-seconds=300")
+    if spec.outputs and spec.outputs.pvc_name:
+        # The complete output outlives the pod on the claim, beside the results.
+        driver_args.append(f"--log-copy={OUTPUT_ROOT}/{pod_name(name, uid)}.log")
     driver = driver_command(settings)
     command = [
         *driver,

@@ -232,3 +232,17 @@ def test_results_reduced_to_budget_keep_scores() -> None:
     assert json.loads(text)["results"] == big["results"]
     small, reduced_small = results.reduce_results({"results": {"t": {"acc,none": 1}}})
     assert not reduced_small and json.loads(small) == {"results": {"t": {"acc,none": 1}}}
+
+
+def test_outputs_claim_gets_the_log_copy_and_status_says_where() -> None:
+    spec = _spec(outputs={"pvcName": "evals"})
+    pod = podspec.build_pod(name="e", namespace="n", uid="u", spec=spec, settings=Settings())
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["outputs"] == {
+        "name": "outputs",
+        "persistentVolumeClaim": {"claimName": "evals"},
+    }
+    name = podspec.pod_name("e", "u")
+    assert f"--log-copy=/outputs/{name}.log" in pod["spec"]["containers"][0]["command"]
+    assert "evals" in (podspec.outputs_location(spec, "e", "u") or "")
+    assert podspec.outputs_location(_spec(), "e", "u") is None
