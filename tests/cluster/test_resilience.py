@@ -230,3 +230,21 @@ def _writers(plane: ControlPlane, mark: int, namespace: str) -> set[str]:
         for call in plane.audit.calls_by(POLLER_USER, since=mark)
         if call.is_write and call.namespace == namespace
     }
+
+
+def test_sigterm_finishes_the_cycle_and_exits(
+    processes: PollerProcesses, jobs: Jobs, admin_api: client.ApiClient
+) -> None:
+    set_settings(admin_api, {**BASE_SETTINGS, "poll-interval": "0.5s"})
+    proc = processes.start("graceful")
+    jobs.create("graceful-job")
+    wait_for(
+        lambda: jobs.status("graceful-job").get("state") == "Running",
+        timeout=30,
+        what="the process poller at work",
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+    log = (processes.logs / "graceful.log").read_text()
+    assert "received SIGTERM: finishing the current cycle" in log
+    assert log.rstrip().endswith("stopped")
