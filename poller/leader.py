@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from poller.kube import Conflict, Kube, NotFound
+from poller.model import parse_time
 
 __all__ = ["LeaderElector"]
 
@@ -35,15 +36,6 @@ log = logging.getLogger(__name__)
 
 def _micro_time(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 class LeaderElector:
@@ -116,7 +108,7 @@ class LeaderElector:
                 holder = spec.get("holderIdentity")
                 transitions = int(spec.get("leaseTransitions") or 0)
                 if holder != self.identity:
-                    renewed = _parse(spec.get("renewTime"))
+                    renewed = parse_time(spec.get("renewTime"))
                     duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
                     expired = (
                         renewed is None or (self.wall_clock() - renewed).total_seconds() > duration
