@@ -1,0 +1,240 @@
+"""``lmeval`` (also ``kubectl lmeval``): submit, follow and compare evaluations.
+
+Why this module exists: it is the entry point of both console scripts and of
+``python -m poller.cli``. It declares the commands and their flags, finds the
+cluster the way kubectl does (``--kubeconfig``, ``--context``, ``-n``; the
+global flags work before or after the command), runs the command, and turns
+every failure into one line on stderr and a documented exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from poller.cli import commands, follow, submit
+from poller.cli.client import Cluster, fetch_job, split_ref
+from poller.cli.errors import ApiError, CliError, ExitCode, explain
+from poller.cli.kubeconfig import connect
+from poller.cli.render import Output
+
+__all__ = ["EXIT_CODES_HELP", "build_parser", "main"]
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0  success
+  1  the job ended Failed or Cancelled (wait, submit --wait)
+  2  wait timed out
+  3  invalid flags, spec or file; request refused as invalid
+  4  job not found, or it has no pod, log or results yet
+  5  the LMEvalJob API is not installed on the cluster
+  6  permission denied (RBAC)
+  7  kubeconfig, credentials or connection problem, other API errors
+"""
+
+Command = Callable[[argparse.Namespace, Cluster, Output], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit with ExitCode.USAGE like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # On the commands, SUPPRESS keeps a flag given before the command from being reset.
+    default = None if top else argparse.SUPPRESS
+    group = parser.add_argument_group("cluster (as kubectl)")
+    group.add_argument(
+        "--kubeconfig",
+        default=default,
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)",
+    )
+    group.add_argument("--context", default=default, help="kubeconfig context (default: current)")
+    group.add_argument(
+        "-n", "--namespace", default=default, help="namespace (default: the context's)"
+    )
+
+
+def _number(kind: type[int] | type[float], least: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least:g}")
+        return value
+
+    return parse
+
+
+def _interval(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--interval",
+        type=_number(float, 0.1),
+        default=1.0,
+        metavar="SECONDS",
+        help="how often to poll the cluster (default: %(default)s)",
+    )
+
+
+def _formats(parser: argparse.ArgumentParser, choices: list[str], default: str) -> None:
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=choices,
+        default=default,
+        help=f"output format: {', '.join(choices)}",
+    )
+
+
+def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=prog,
+        description="Submit LMEvalJobs (lm-evaluation-harness on Kubernetes), follow them, "
+        "read their logs and compare their scores.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _global_flags(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(
+        name: str, func: Command, help_text: str, **kwargs: object
+    ) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kwargs,  # type: ignore[arg-type]
+        )
+        cmd.set_defaults(func=func)
+        _global_flags(cmd, top=False)
+        return cmd
+
+    cmd = command("submit", commands.cmd_submit, "create an LMEvalJob from flags or a file")
+    submit.add_arguments(cmd)
+    _interval(cmd)
+
+    cmd = command(
+        "list", commands.cmd_list, "list jobs with state, progress and score", aliases=["ls"]
+    )
+    cmd.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
+    cmd.add_argument("-l", "--selector", help="label selector, e.g. team=nlp")
+    cmd.add_argument("-o", "--output", choices=["wide", "json", "yaml"], help="output format")
+
+    cmd = command("get", commands.cmd_get, "show one job: spec, conditions, events, results")
+    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
+    cmd.add_argument("-o", "--output", choices=["json", "yaml"], help="print the object instead")
+
+    cmd = command("logs", _cmd_logs, "print the evaluation's log (markers hidden)")
+    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
+    cmd.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    cmd.add_argument("--raw", action="store_true", help="keep the driver's ::lmeval:: marker lines")
+    cmd.add_argument("--tail", type=_number(int, 0), metavar="N", help="only the last N lines")
+    _interval(cmd)
+
+    cmd = command("results", commands.cmd_results, "print a job's scores")
+    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
+    _formats(cmd, ["table", "json", "csv", "markdown"], "table")
+
+    cmd = command("compare", commands.cmd_compare, "scores of several jobs side by side")
+    cmd.add_argument("names", nargs="+", metavar="NAME", help="job names (or NAMESPACE/NAME)")
+    _formats(cmd, ["table", "json", "csv", "markdown"], "table")
+
+    cmd = command("wait", _cmd_wait, "wait for a job to end, with a progress bar")
+    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
+    cmd.add_argument(
+        "--for",
+        dest="wait_for",
+        choices=["succeeded", "finished"],
+        default="succeeded",
+        help="succeeded: exit 0 only on success (default); finished: exit 0 once it ended",
+    )
+    cmd.add_argument("--timeout", help="give up after this long, e.g. 10m (default: no limit)")
+    _interval(cmd)
+
+    for name, words in (
+        ("cancel", "stop jobs for good (they end Complete/Cancelled)"),
+        ("suspend", "pause jobs (their pods are deleted)"),
+        ("resume", "resume suspended jobs (fresh pods)"),
+    ):
+        cmd = command(name, commands.cmd_patch, words)
+        cmd.add_argument("names", nargs="+", metavar="NAME", help="job names")
+    return parser
+
+
+def _cmd_logs(args: argparse.Namespace, cluster: Cluster, out: Output) -> int:
+    namespace, name = split_ref(args.name, cluster.namespace)
+    job = fetch_job(cluster, name, namespace)
+    return follow.show_logs(
+        cluster,
+        out,
+        job,
+        raw=args.raw,
+        tail=args.tail,
+        follow=args.follow,
+        interval=args.interval,
+    )
+
+
+def _cmd_wait(args: argparse.Namespace, cluster: Cluster, out: Output) -> int:
+    namespace, name = split_ref(args.name, cluster.namespace)
+    return follow.wait_job(
+        cluster,
+        out,
+        name,
+        namespace,
+        want=args.wait_for,
+        timeout=follow.timeout_seconds(args.timeout),
+        interval=args.interval,
+    )
+
+
+def _prog() -> str:
+    called = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "kubectl lmeval" if called.startswith("kubectl-") else "lmeval"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(_prog())
+    args = parser.parse_args(argv)
+    out = Output()
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return ExitCode.USAGE
+    target = None
+    try:
+        cluster: Cluster | None = None
+        if not (args.command == "submit" and args.dry_run == "client"):
+            target = connect(args.kubeconfig, args.context, args.namespace)
+            cluster = Cluster(target.api_client, target.namespace, target.server)
+        return int(args.func(args, cluster, out))
+    except CliError as error:
+        out.note(f"error: {error.message}")
+        return int(error.code)
+    except ApiError as error:  # a request no command mapped itself
+        mapped = explain(error)
+        out.note(f"error: {mapped.message}")
+        return int(mapped.code)
+    except KeyboardInterrupt:
+        out.note("interrupted")
+        return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:  # `lmeval logs x | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return int(ExitCode.OK)
+    finally:
+        if target is not None:
+            target.api_client.close()  # type: ignore[no-untyped-call]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The API calls the command line makes, and nothing else.
+
+Why this module exists: every command needs the same few requests (jobs,
+their events, the pod log, the results ConfigMap) and the same error
+handling, and an error is only explainable if we know what we asked for.
+So each request carries its verb, resource and namespace, and a non-2xx
+answer becomes an :class:`~poller.cli.errors.ApiError` holding the
+apiserver's Status body next to that intent; :func:`errors.explain` turns it
+into words; :func:`fetch_job` adds what a person needs when the name they
+typed matches no job. Requests use the client's plumbing (TLS, credentials, pooling)
+with plain JSON in and out, like ``poller.kube``: the typed models would
+drop unknown fields and cost more than they give a printer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import urllib3
+from kubernetes import client
+
+from poller import api
+from poller.cli.errors import (
+    ApiError,
+    CliError,
+    ExitCode,
+    explain,
+    job_not_found,
+    parse_status,
+    suggest,
+)
+
+__all__ = ["JOBS_PREFIX", "Cluster", "fetch_job", "split_ref"]
+
+JOBS_PREFIX = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
+PAGE_SIZE = 500
+# Connect fast, read at leisure: a log or a big list can take a while.
+REQUEST_TIMEOUT = (10.0, 60.0)
+
+
+class Cluster:
+    """Plain-JSON access to LMEvalJobs and what belongs to them, in one context."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, server: str = "") -> None:
+        self.api_client = api_client
+        self.namespace = namespace
+        self.server = server or str(api_client.configuration.host)
+
+    # -- plumbing --------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        verb: str,
+        resource: str,
+        group: str = "",
+        namespace: str | None = None,
+        name: str | None = None,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """One request; the raw body of a 2xx answer, else ApiError."""
+        headers = {"Accept": "application/json, */*"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        params = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.api_client.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
+            data: bytes = response.read()  # type: ignore[no-untyped-call]
+        except urllib3.exceptions.HTTPError as error:
+            reason = getattr(error, "reason", None) or error
+            raise CliError(
+                f"cannot reach the API server at {self.server}: {reason}", ExitCode.CLUSTER
+            ) from error
+        if not 200 <= response.status <= 299:
+            raise ApiError(
+                status=response.status,
+                body=parse_status(data),
+                verb=verb,
+                resource=resource,
+                group=group,
+                namespace=namespace,
+                name=name,
+            )
+        return data
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return json.loads(self.request(method, path, **kwargs))
+
+    @staticmethod
+    def _jobs_path(namespace: str | None, name: str | None = None) -> str:
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return f"{JOBS_PREFIX}{where}/{api.PLURAL}" + (f"/{name}" if name else "")
+
+    def _pages(
+        self, path: str, *, resource: str, group: str, namespace: str | None, **query: Any
+    ) -> Iterator[dict[str, Any]]:
+        token: str | None = None
+        while True:
+            page = self._json(
+                "GET",
+                path,
+                verb="list",
+                resource=resource,
+                group=group,
+                namespace=namespace,
+                query={**query, "limit": PAGE_SIZE, "continue": token},
+            )
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    # -- LMEvalJobs ------------------------------------------------------------
+
+    def list_jobs(
+        self, namespace: str | None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Jobs in `namespace` (None: all namespaces), paged."""
+        return list(
+            self._pages(
+                self._jobs_path(namespace),
+                resource=api.PLURAL,
+                group=api.API_GROUP,
+                namespace=namespace,
+                labelSelector=label_selector,
+            )
+        )
+
+    def get_job(self, name: str, namespace: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._json(
+            "GET",
+            self._jobs_path(namespace, name),
+            verb="get",
+            resource=api.PLURAL,
+            group=api.API_GROUP,
+            namespace=namespace,
+            name=name,
+        )
+        return found
+
+    def create_job(
+        self, body: dict[str, Any], namespace: str, *, server_dry_run: bool = False
+    ) -> dict[str, Any]:
+        created: dict[str, Any] = self._json(
+            "POST",
+            self._jobs_path(namespace),
+            verb="create",
+            resource=api.PLURAL,
+            group=api.API_GROUP,
+            namespace=namespace,
+            query={"dryRun": "All" if server_dry_run else None, "fieldManager": "lmeval-cli"},
+            body=body,
+        )
+        return created
+
+    def patch_job(self, name: str, namespace: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of the job (spec fields such as cancel and suspend)."""
+        patched: dict[str, Any] = self._json(
+            "PATCH",
+            self._jobs_path(namespace, name),
+            verb="patch",
+            resource=api.PLURAL,
+            group=api.API_GROUP,
+            namespace=namespace,
+            name=name,
+            query={"fieldManager": "lmeval-cli"},
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+        return patched
+
+    # -- what belongs to a job -------------------------------------------------
+
+    def list_events(self, name: str, namespace: str) -> list[dict[str, Any]]:
+        """core/v1 Events about the job named `name`."""
+        selector = f"involvedObject.name={name},involvedObject.kind={api.KIND}"
+        return list(
+            self._pages(
+                f"/api/v1/namespaces/{namespace}/events",
+                resource="events",
+                group="",
+                namespace=namespace,
+                fieldSelector=selector,
+            )
+        )
+
+    def get_configmap(self, name: str, namespace: str) -> dict[str, Any] | None:
+        """A ConfigMap, or None when it does not exist."""
+        try:
+            found: dict[str, Any] = self._json(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                verb="get",
+                resource="configmaps",
+                namespace=namespace,
+                name=name,
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    def pod_exists(self, name: str, namespace: str) -> bool:
+        try:
+            self.request(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                verb="get",
+                resource="pods",
+                namespace=namespace,
+                name=name,
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def read_log(
+        self,
+        pod: str,
+        namespace: str,
+        container: str,
+        *,
+        tail_lines: int | None = None,
+        since_time: str | None = None,
+        timestamps: bool = False,
+    ) -> str:
+        """A container's log (never `follow`: the caller polls)."""
+        raw = self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+            verb="get",
+            resource="pods/log",
+            namespace=namespace,
+            name=pod,
+            query={
+                "container": container,
+                "tailLines": tail_lines,
+                "sinceTime": since_time,
+                "timestamps": "true" if timestamps else None,
+            },
+        )
+        return raw.decode("utf-8", errors="replace")
+
+
+# -- the job a person named ------------------------------------------------------
+
+_TYPE_PREFIXES = ("lmevaljob/", "lmevaljobs/", "lmej/", f"lmevaljob.{api.API_GROUP}/")
+
+
+def split_ref(ref: str, namespace: str) -> tuple[str, str]:
+    """'name', 'lmevaljob/name' or 'namespace/name' -> (namespace, name)."""
+    for prefix in _TYPE_PREFIXES:
+        if ref.startswith(prefix):
+            ref = ref[len(prefix) :]
+            break
+    if "/" in ref:
+        space, _, name = ref.partition("/")
+        return space, name
+    return namespace, ref
+
+
+def _names_elsewhere(cluster: Cluster, name: str) -> list[str]:
+    try:
+        everywhere = cluster.list_jobs(None)
+    except ApiError:
+        return []  # no right to list across namespaces: no hint, no failure
+    return sorted(
+        str(j["metadata"].get("namespace"))
+        for j in everywhere
+        if j.get("metadata", {}).get("name") == name
+    )
+
+
+def fetch_job(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
+    """The job, or CliError: not found (did you mean ...), forbidden, not installed."""
+    try:
+        return cluster.get_job(name, namespace)
+    except ApiError as error:
+        if error.status != 404 or not error.details.get("name"):
+            raise explain(error) from error
+        try:
+            names = [str(j["metadata"]["name"]) for j in cluster.list_jobs(namespace)]
+        except ApiError:
+            names = []
+        elsewhere = [] if suggest(name, names) else _names_elsewhere(cluster, name)
+        raise job_not_found(name, namespace, names, elsewhere) from error

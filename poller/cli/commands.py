@@ -1,0 +1,267 @@
+"""The commands that read and steer jobs: submit, list, get, results, compare,
+cancel, suspend and resume (logs and wait, which poll, are in ``follow``).
+
+Why this module exists: each command is a short script over ``Cluster``
+(requests), ``view`` (facts) and ``render`` (printing), and they share one
+rule: a job named by a person is looked up with ``client.fetch_job``, so a
+missing job is reported with the names it was probably meant to be (difflib
+over the namespace's jobs) or the namespace it lives in, never as a bare
+404. Results come from the job's status, or from its results ConfigMap when
+status holds a reduced copy and the complete document is asked for. Every
+command returns its exit code; errors travel as ``CliError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import gzip
+import json
+from typing import Any
+
+from poller import api
+from poller.cli import follow, render, submit, view
+from poller.cli.client import Cluster, fetch_job, split_ref
+from poller.cli.errors import ApiError, CliError, ExitCode, explain
+from poller.results import RESULTS_KEY, results_configmap_name
+
+__all__ = [
+    "cmd_compare",
+    "cmd_get",
+    "cmd_list",
+    "cmd_patch",
+    "cmd_results",
+    "cmd_submit",
+]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except ApiError as error:
+        raise explain(error) from error
+
+
+# -- submit --------------------------------------------------------------------
+
+
+def cmd_submit(args: argparse.Namespace, cluster: Cluster | None, out: render.Output) -> int:
+    from_flags = not args.filename
+    jobs = [submit.build_from_flags(args)] if from_flags else submit.load_files(args)
+    for number, job in enumerate(jobs, start=1):
+        where = "" if len(jobs) == 1 else f"job {number}"
+        submit.validate(job, from_flags=from_flags, where=where)
+    if args.wait and len(jobs) != 1:
+        raise CliError("--wait follows one job; the file holds several", ExitCode.USAGE)
+    if args.dry_run == "client":
+        for job in jobs:
+            if args.namespace:
+                job["metadata"]["namespace"] = args.namespace
+        fmt = "json" if args.output == "json" else "yaml"
+        if len(jobs) == 1:
+            out.write(render.dump(jobs[0], fmt))
+        elif fmt == "json":
+            out.write(render.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, fmt))
+        else:
+            out.write("---\n".join(render.dump(job, fmt) for job in jobs))
+        return ExitCode.OK
+    assert cluster is not None
+    created_jobs = []
+    for job in jobs:
+        namespace = str(job["metadata"].get("namespace") or cluster.namespace)
+        created = _call(cluster.create_job, job, namespace, server_dry_run=args.dry_run == "server")
+        created_jobs.append(created)
+        meta = created["metadata"]
+        if args.output in ("yaml", "json"):
+            out.write(render.dump(created, args.output))
+        elif args.output == "name":
+            out.write(f"lmevaljob/{meta['name']}")
+        else:
+            suffix = " (server dry run)" if args.dry_run == "server" else ""
+            out.write(f"lmevaljob/{meta['name']} created in namespace {meta['namespace']}{suffix}")
+    if args.wait and args.dry_run is None:
+        meta = created_jobs[0]["metadata"]
+        return follow.wait_job(
+            cluster,
+            out,
+            str(meta["name"]),
+            str(meta["namespace"]),
+            want=args.wait_for,
+            timeout=follow.timeout_seconds(args.timeout),
+            interval=args.interval,
+        )
+    return ExitCode.OK
+
+
+# -- list and get --------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    namespace = None if args.all_namespaces else cluster.namespace
+    jobs = _call(cluster.list_jobs, namespace, args.selector)
+    jobs.sort(key=lambda j: (j["metadata"].get("namespace", ""), j["metadata"]["name"]))
+    if args.output in ("json", "yaml"):
+        out.write(render.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, args.output))
+        return ExitCode.OK
+    if not jobs:
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        out.note(f"No LMEvalJobs found in {where}.")
+        return ExitCode.OK
+    grid = render.jobs_grid(
+        jobs, all_namespaces=namespace is None, wide=args.output == "wide", now=_now()
+    )
+    out.show(render.grid_table(grid, right=("PROGRESS", "AGE")))
+    return ExitCode.OK
+
+
+def cmd_get(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    namespace, name = split_ref(args.name, cluster.namespace)
+    job = fetch_job(cluster, name, namespace)
+    if args.output in ("json", "yaml"):
+        out.write(render.dump(job, args.output))
+        return ExitCode.OK
+    events: list[dict[str, Any]] | None
+    note = ""
+    try:
+        events = cluster.list_events(name, namespace)
+    except ApiError as error:
+        events, note = None, f"(not shown: {explain(error).message})"
+    for part in render.details(job, events, note, _now()):
+        out.show(part)
+    return ExitCode.OK
+
+
+# -- results and compare -------------------------------------------------------
+
+
+def _configmap_results(cluster: Cluster, job: dict[str, Any]) -> dict[str, Any] | None:
+    meta = job["metadata"]
+    name = view.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"])
+    try:
+        found = cluster.get_configmap(str(name), str(meta["namespace"]))
+    except ApiError:
+        return None
+    if not found:
+        return None
+    text = (found.get("data") or {}).get(RESULTS_KEY)
+    packed = (found.get("binaryData") or {}).get(RESULTS_KEY + ".gz")
+    if text is None and packed:
+        text = gzip.decompress(base64.b64decode(packed)).decode()
+    try:
+        parsed = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def results_of(cluster: Cluster, job: dict[str, Any], *, complete: bool = False) -> dict[str, Any]:
+    """The job's results JSON: status first, the ConfigMap when status is reduced."""
+    results = view.job_results(job)
+    reduced = bool(view.status(job).get("resultsReduced"))
+    if results is None or results.get("truncated") or (reduced and complete):
+        results = _configmap_results(cluster, job) or results
+    if results is None:
+        name = job["metadata"]["name"]
+        state, reason = view.state(job), view.reason(job)
+        shown = f"{state}/{reason}" if reason else state
+        message = view.status(job).get("message")
+        raise CliError(
+            f"LMEvalJob {name} has no results (state {shown})"
+            + (f": {message}" if message and reason != "Succeeded" else ""),
+            ExitCode.NOT_FOUND,
+        )
+    return results
+
+
+def _print_grid(out: render.Output, grid: render.Grid, fmt: str, right: tuple[str, ...]) -> None:
+    if fmt == "csv":
+        out.write(render.grid_csv(grid))
+    elif fmt == "markdown":
+        out.write(render.grid_markdown(grid))
+    else:
+        out.show(render.grid_table(grid, right=right))
+
+
+def cmd_results(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    namespace, name = split_ref(args.name, cluster.namespace)
+    job = fetch_job(cluster, name, namespace)
+    results = results_of(cluster, job, complete=args.output == "json")
+    if args.output == "json":
+        out.write(json.dumps(results, indent=2))
+        return ExitCode.OK
+    rows = view.score_rows(results, view.spec(job).get("tasks"))
+    _print_grid(out, render.scores_grid(rows), args.output, ("VALUE", "STDERR"))
+    return ExitCode.OK
+
+
+def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    refs = [split_ref(ref, cluster.namespace) for ref in args.names]
+    labels = [name if space == cluster.namespace else f"{space}/{name}" for space, name in refs]
+    columns: list[dict[tuple[str, str, str], view.ScoreRow]] = []
+    order: list[tuple[str, str, str]] = []
+    for (space, name), label in zip(refs, labels, strict=True):
+        job = fetch_job(cluster, name, space)
+        try:
+            rows = view.score_rows(results_of(cluster, job), view.spec(job).get("tasks"))
+        except CliError as error:
+            out.note(f"{label}: {error.message}")
+            rows = []
+        column = {(r.task, r.metric, r.filter): r for r in rows}
+        order += [key for key in column if key not in order]
+        columns.append(column)
+    if not order:
+        raise CliError("none of these jobs has results to compare", ExitCode.NOT_FOUND)
+    if args.output == "json":
+        table = [
+            {
+                "task": task,
+                "metric": metric,
+                "filter": filt,
+                "values": {
+                    label: (
+                        col[(task, metric, filt)].as_dict() if (task, metric, filt) in col else None
+                    )
+                    for label, col in zip(labels, columns, strict=True)
+                },
+            }
+            for task, metric, filt in order
+        ]
+        out.write(json.dumps(table, indent=2))
+        return ExitCode.OK
+    headers = ["TASK", "METRIC", "FILTER", *labels]
+    grid_rows = []
+    for key in order:
+        values = [view.format_value(col[key].value) if key in col else "-" for col in columns]
+        grid_rows.append([*key, *values])
+    _print_grid(out, (headers, grid_rows), args.output, tuple(labels))
+    return ExitCode.OK
+
+
+# -- cancel, suspend, resume ---------------------------------------------------
+
+_PATCHES = {
+    "cancel": ({"spec": {"cancel": True}}, "cancel requested: the poller stops it"),
+    "suspend": ({"spec": {"suspend": True}}, "suspend requested: the poller deletes its pod"),
+    "resume": ({"spec": {"suspend": False}}, "resumed: the poller starts a fresh pod"),
+}
+
+
+def cmd_patch(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    patch, words = _PATCHES[args.command]
+    for ref in args.names:
+        namespace, name = split_ref(ref, cluster.namespace)
+        job = fetch_job(cluster, name, namespace)
+        if view.state(job) == api.JobState.COMPLETE.value:
+            out.note(
+                f"lmevaljob/{name} already finished ({view.reason(job) or 'Complete'}): "
+                f"nothing to {args.command}"
+            )
+            continue
+        _call(cluster.patch_job, name, namespace, patch)
+        out.write(f"lmevaljob/{name} {words}")
+    return ExitCode.OK

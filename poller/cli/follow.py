@@ -1,0 +1,320 @@
+"""``lmeval logs`` and ``lmeval wait``: following a job by polling, never watching.
+
+Why this module exists: following needs care that a one-shot read does not.
+Log streams with ``follow=true`` are not used: some servers (kwok, proxies
+with idle timeouts) keep them open forever or cut them silently, and the
+command must end when the job does. Instead the log is re-read every
+interval with ``timestamps=true`` and ``sinceTime`` (which the apiserver
+rounds down to the second), and a cursor (the last timestamp printed and how
+many lines carried it) drops what was already shown, so no line is printed
+twice or lost. The driver's ``::lmeval::`` marker lines are hidden unless
+``--raw``. When the pod is gone (cancelled, suspended, deleted), the tail of
+its log that the poller archived in the results ConfigMap is shown instead,
+saying so on stderr. ``wait`` polls the job's status and draws a rich
+progress bar on a terminal, or prints one line per change in a pipe.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from driver.protocol import MARKER_PREFIX
+from poller import api, podspec
+from poller.cli import render, view
+from poller.cli.client import Cluster, fetch_job
+from poller.cli.errors import ApiError, CliError, ExitCode, explain
+from poller.results import LOG_ARCHIVE_KEY, results_configmap_name
+from poller.settings import parse_duration
+
+__all__ = ["LogCursor", "show_logs", "timeout_seconds", "visible", "wait_job"]
+
+_STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
+# Markers are a minority of lines; read this many more so --tail N shows N visible lines.
+_TAIL_SLACK = 4
+
+
+def visible(line: str, raw: bool) -> bool:
+    """Whether a log line is shown: markers only with --raw."""
+    return raw or not line.startswith(MARKER_PREFIX)
+
+
+def timeout_seconds(text: str | None) -> float | None:
+    """'10m' -> 600; None -> no limit."""
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise CliError(f"--timeout: {error}", ExitCode.USAGE) from error
+
+
+def _stamp_key(stamp: str) -> tuple[str, int] | None:
+    match = _STAMP_RE.match(stamp)
+    if not match:
+        return None
+    whole, fraction, zone = match.groups()
+    if zone != "Z":
+        moment = dt.datetime.fromisoformat(whole + zone).astimezone(dt.UTC)
+        whole = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    return whole, int((fraction or "0").ljust(9, "0"))
+
+
+class LogCursor:
+    """How far a polled, timestamped log was printed."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, int] | None = None
+        self.seen = 0  # lines printed that carry exactly `last`
+
+    def since_time(self) -> str | None:
+        return f"{self.last[0]}Z" if self.last else None
+
+    def new_lines(self, text: str) -> list[str]:
+        """The lines of `text` (timestamps=true) not printed before, without stamps."""
+        start_last, start_seen, same = self.last, self.seen, 0
+        fresh: list[str] = []
+        for entry in text.splitlines():
+            stamp, _, line = entry.partition(" ")
+            key = _stamp_key(stamp)
+            if key is None:  # not stamped (should not happen): show as is
+                fresh.append(entry)
+                continue
+            if start_last is not None:
+                if key < start_last:
+                    continue
+                if key == start_last:
+                    same += 1
+                    if same <= start_seen:
+                        continue
+            if key == self.last:
+                self.seen += 1
+            else:
+                self.last, self.seen = key, 1
+            fresh.append(line)
+        return fresh
+
+
+def _pod_of(job: dict[str, Any]) -> str:
+    meta = job["metadata"]
+    named = view.status(job).get("podName")
+    return str(named or podspec.pod_name(str(meta["name"]), str(meta["uid"])))
+
+
+def _archived_tail(cluster: Cluster, job: dict[str, Any]) -> tuple[str, str] | None:
+    meta = job["metadata"]
+    name = str(view.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"]))
+    try:
+        found = cluster.get_configmap(name, str(meta["namespace"]))
+    except ApiError as error:
+        raise explain(error) from error
+    text = ((found or {}).get("data") or {}).get(LOG_ARCHIVE_KEY)
+    return (name, text) if text is not None else None
+
+
+def _print(out: render.Output, lines: list[str], raw: bool, tail: int | None = None) -> int:
+    shown = [line for line in lines if visible(line, raw)]
+    if tail is not None:
+        shown = shown[-tail:] if tail > 0 else []
+    for line in shown:
+        out.stdout.write(line + "\n")
+    out.stdout.flush()
+    return len(shown)
+
+
+def _show_archive(
+    cluster: Cluster, out: render.Output, job: dict[str, Any], raw: bool, tail: int | None
+) -> bool:
+    archived = _archived_tail(cluster, job)
+    if archived is None:
+        return False
+    configmap, text = archived
+    out.note(
+        f"pod {_pod_of(job)} no longer exists: showing the last {len(text.encode()) / 1024:.1f} "
+        f"KiB of its log, archived by the poller in ConfigMap {configmap}"
+    )
+    _print(out, text.splitlines(), raw, tail)
+    return True
+
+
+def _no_log(job: dict[str, Any], why: str) -> CliError:
+    name = job["metadata"]["name"]
+    return CliError(f"LMEvalJob {name} has no log to show: {why}", ExitCode.NOT_FOUND)
+
+
+def show_logs(
+    cluster: Cluster,
+    out: render.Output,
+    job: dict[str, Any],
+    *,
+    raw: bool,
+    tail: int | None,
+    follow: bool,
+    interval: float,
+) -> int:
+    """Print the job's log; with `follow`, keep printing until the job is Complete."""
+    meta = job["metadata"]
+    name, namespace = str(meta["name"]), str(meta["namespace"])
+    cursor, printed, first, waiting_said = LogCursor(), 0, True, ""
+    while True:
+        finished = view.state(job) == api.JobState.COMPLETE.value
+        pod = _pod_of(job)
+        try:
+            read_tail = (tail * _TAIL_SLACK + 100) if first and tail is not None else None
+            text = cluster.read_log(
+                pod,
+                namespace,
+                podspec.MAIN_CONTAINER,
+                tail_lines=read_tail,
+                since_time=cursor.since_time(),
+                timestamps=True,
+            )
+            printed += _print(out, cursor.new_lines(text), raw, tail if first else None)
+            first = False
+        except ApiError as error:
+            if error.status == 404 and error.details.get("kind") == "pods":
+                gone = printed == 0 and _show_archive(cluster, out, job, raw, tail)
+                if gone or (printed and finished):
+                    return ExitCode.OK
+                if printed:
+                    out.note(
+                        f"pod {pod} was deleted; the rest of its log was archived in "
+                        f"ConfigMap {results_configmap_name(name)} (if the poller saw it)"
+                    )
+                    return ExitCode.OK
+                if not follow or finished:
+                    raise _no_log(job, f"it has no pod (state {view.state(job)})") from error
+                why = f"waiting for the pod of {name} (state {view.state(job)})"
+            elif error.status == 400:  # e.g. the container is waiting to start
+                if not follow or finished:
+                    raise _no_log(job, error.message) from error
+                why = f"waiting: {error.message}"
+            else:
+                raise explain(error) from error
+            if why != waiting_said:
+                out.note(why)
+                waiting_said = why
+        if not follow or finished:
+            return ExitCode.OK
+        time.sleep(interval)
+        try:
+            job = cluster.get_job(name, namespace)
+        except ApiError as error:
+            if error.status == 404:
+                out.note(f"LMEvalJob {name} was deleted")
+                return ExitCode.OK
+            raise explain(error) from error
+
+
+class _Display:
+    """A live progress bar on a terminal; one line per change in a pipe."""
+
+    def __init__(self, out: render.Output, name: str) -> None:
+        self.out = out
+        self.name = name
+        self.last_line = ""
+        self.progress: Progress | None = None
+        self.task: Any = None
+        if out.stdout.isatty():
+            self.progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                console=out.out,
+            )
+
+    def __enter__(self) -> _Display:
+        if self.progress is not None:
+            self.progress.start()
+            self.task = self.progress.add_task(self.name, total=None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, job: dict[str, Any]) -> None:
+        state = view.state(job)
+        percent = view.percent(job)
+        progress = view.status(job).get("progress") or {}
+        phase = ""
+        if state == api.JobState.RUNNING.value and isinstance(progress, dict):
+            phase = str(progress.get("phase") or "")
+        words = " ".join(w for w in (self.name, state, phase) if w)
+        if self.progress is not None:
+            self.progress.update(
+                self.task,
+                description=words,
+                total=100 if percent is not None else None,
+                completed=percent or 0,
+            )
+            return
+        line = f"{self.name}: {state}"
+        if percent is not None:
+            line += f" {percent:.0f}%"
+        if phase:
+            line += f" {phase}"
+        if line != self.last_line:
+            self.out.write(line)
+            self.last_line = line
+
+
+def _describe(seconds: float) -> str:
+    return f"{seconds:g}s" if seconds < 120 else f"{seconds / 60:g}m"
+
+
+def wait_job(
+    cluster: Cluster,
+    out: render.Output,
+    name: str,
+    namespace: str,
+    *,
+    want: str,
+    timeout: float | None,
+    interval: float,
+) -> int:
+    """Poll until the job is Complete (or `timeout`); the exit code says how it ended."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _Display(out, name) as display:
+        while True:
+            job = fetch_job(cluster, name, namespace)
+            display.update(job)
+            if view.state(job) == api.JobState.COMPLETE.value:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                percent = view.progress_text(job)
+                out.note(
+                    f"timed out after {_describe(timeout or 0)} waiting for lmevaljob/{name} to "
+                    f"be {want} (state {view.state(job)}, progress {percent})"
+                )
+                return ExitCode.TIMEOUT
+            pause = interval
+            if deadline is not None:
+                pause = max(0.0, min(interval, deadline - time.monotonic()))
+            time.sleep(pause)
+    reason = view.reason(job)
+    message = str(view.status(job).get("message") or "")
+    if reason == api.JobReason.SUCCEEDED.value:
+        score = view.headline(job)
+        out.write(f"lmevaljob/{name} succeeded" + (f": {score}" if score != "-" else ""))
+        return ExitCode.OK
+    outcome = "was cancelled" if reason == api.JobReason.CANCELLED.value else "failed"
+    text = f"lmevaljob/{name} {outcome}" + (f": {message}" if message else "")
+    if want == "finished":
+        out.write(text)
+        return ExitCode.OK
+    out.note(text)
+    return ExitCode.JOB_FAILED

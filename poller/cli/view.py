@@ -1,0 +1,246 @@
+"""What a person wants to read from an LMEvalJob, as plain values.
+
+Why this module exists: the list, get, results, compare and wait commands
+all show the same facts (state and reason, progress, age, the model, the
+headline score, the score rows of lm_eval's results JSON) and must agree on
+them. These pure functions read the job as the API returns it (a dict with
+camelCase keys) and never fail on a partial object: a job the poller has not
+seen yet has no status at all, and results may be absent, reduced or
+malformed. Rendering (rich tables, CSV, Markdown) is in ``render``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from poller import api
+
+__all__ = [
+    "ScoreRow",
+    "age",
+    "conditions",
+    "format_value",
+    "headline",
+    "job_results",
+    "model_text",
+    "parse_time",
+    "progress_text",
+    "reason",
+    "score_rows",
+    "spec_summary",
+    "state",
+    "status",
+]
+
+# lm_eval model args that name the model itself, most specific first.
+_MODEL_NAME_ARGS = ("pretrained", "model", "engine", "model_name", "path")
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """One score of lm_eval's results: results[task]["metric,filter"]."""
+
+    task: str
+    metric: str
+    filter: str
+    value: Any
+    stderr: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def status(job: dict[str, Any]) -> dict[str, Any]:
+    found = job.get("status")
+    return found if isinstance(found, dict) else {}
+
+
+def spec(job: dict[str, Any]) -> dict[str, Any]:
+    found = job.get("spec")
+    return found if isinstance(found, dict) else {}
+
+
+def state(job: dict[str, Any]) -> str:
+    """The lifecycle state; a job the poller has not picked up yet is New."""
+    return str(status(job).get("state") or api.JobState.NEW.value)
+
+
+def reason(job: dict[str, Any]) -> str:
+    found = str(status(job).get("reason") or "")
+    return "" if found == api.JobReason.NO_REASON.value else found
+
+
+def percent(job: dict[str, Any]) -> float | None:
+    progress = status(job).get("progress") or {}
+    value = progress.get("percent") if isinstance(progress, dict) else None
+    if state(job) == api.JobState.COMPLETE.value and reason(job) == "Succeeded":
+        return 100.0
+    return float(value) if isinstance(value, int | float) else None
+
+
+def progress_text(job: dict[str, Any]) -> str:
+    value = percent(job)
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def parse_time(text: Any) -> dt.datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def age(text: Any, now: dt.datetime) -> str:
+    """kubectl's short ages: 45s, 3m12s, 42m, 5h3m, 20h, 3d4h, 12d."""
+    when = parse_time(text)
+    if when is None:
+        return "-"
+    seconds = max(0, int((now - when).total_seconds()))
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if seconds < 120:
+        return f"{seconds}s"
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if hours < 3:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if days < 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    return f"{days}d"
+
+
+def model_text(job: dict[str, Any]) -> str:
+    """The model type and, when one of its args names it, the model: 'hf (gpt2)'."""
+    the_spec = spec(job)
+    model = str(the_spec.get("model") or "-")
+    args = {
+        str(a.get("name")): str(a.get("value"))
+        for a in the_spec.get("modelArgs") or []
+        if isinstance(a, dict)
+    }
+    for key in _MODEL_NAME_ARGS:
+        if args.get(key) and args[key] != model:
+            return f"{model} ({args[key]})"
+    return model
+
+
+def tasks_text(job: dict[str, Any]) -> str:
+    return ",".join(str(t) for t in spec(job).get("tasks") or []) or "-"
+
+
+def job_results(job: dict[str, Any]) -> dict[str, Any] | None:
+    """lm_eval's results JSON from status, or None when absent or unreadable."""
+    text = status(job).get("results")
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def score_rows(results: dict[str, Any], task_order: list[str] | None = None) -> list[ScoreRow]:
+    """Every (task, metric, filter) score with its stderr, tasks in `task_order` first."""
+    per_task = results.get("results")
+    if not isinstance(per_task, dict):
+        return []
+    order = [t for t in task_order or [] if t in per_task]
+    order += [t for t in per_task if t not in order]
+    rows: list[ScoreRow] = []
+    for task in order:
+        metrics = per_task[task]
+        if not isinstance(metrics, dict):
+            continue
+        # lm_eval 0.4 keys scores "metric,filter"; keys without a comma ("alias",
+        # "name", "sample_len") are metadata. Older results have no filters at all.
+        filtered = any("," in key for key in metrics)
+        for key, value in metrics.items():
+            if key == "alias" or "_stderr" in key.partition(",")[0]:
+                continue
+            if filtered and "," not in key:
+                continue
+            if not filtered and not isinstance(value, int | float):
+                continue
+            metric, _, filter_name = key.partition(",")
+            stderr = metrics.get(f"{metric}_stderr,{filter_name or 'none'}")
+            rows.append(ScoreRow(task, metric, filter_name or "none", value, stderr))
+    return rows
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def headline(job: dict[str, Any]) -> str:
+    """The first task's first numeric score, e.g. 'acc=0.2500'; '-' when none."""
+    results = job_results(job)
+    if results is None:
+        return "-"
+    order = [str(t) for t in spec(job).get("tasks") or []]
+    for row in score_rows(results, order):
+        if isinstance(row.value, int | float) and not isinstance(row.value, bool):
+            suffix = "" if row.filter == "none" else f"[{row.filter}]"
+            return f"{row.metric}{suffix}={format_value(row.value)}"
+    return "-"
+
+
+def conditions(job: dict[str, Any]) -> list[dict[str, Any]]:
+    found = status(job).get("conditions") or []
+    return [c for c in found if isinstance(c, dict)]
+
+
+def _pairs(items: Any) -> str:
+    return ",".join(f"{i.get('name')}={i.get('value')}" for i in items or [] if isinstance(i, dict))
+
+
+def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) lines that describe what the job evaluates, set fields only."""
+    the_spec = spec(job)
+    lines = [("Model", str(the_spec.get("model") or "-"))]
+    optional: list[tuple[str, Any]] = [
+        ("Model args", _pairs(the_spec.get("modelArgs"))),
+        ("Tasks", ", ".join(str(t) for t in the_spec.get("tasks") or [])),
+        ("Limit", the_spec.get("limit")),
+        ("Few-shot", the_spec.get("numFewShot")),
+        ("Batch size", the_spec.get("batchSize")),
+        ("Gen args", _pairs(the_spec.get("genArgs"))),
+        ("Log samples", the_spec.get("logSamples")),
+        (
+            "Custom tasks",
+            ", ".join(str(c.get("configMap")) for c in the_spec.get("customTasks") or []),
+        ),
+        (
+            "Env secrets",
+            ", ".join(
+                f"{e.get('env')}={(e.get('secretRef') or {}).get('name')}:"
+                f"{(e.get('secretRef') or {}).get('key')}"
+                for e in the_spec.get("envSecrets") or []
+            ),
+        ),
+        ("Deadline", the_spec.get("activeDeadlineSeconds")),
+        ("TTL after finished", the_spec.get("ttlSecondsAfterFinished")),
+        ("Suspend", the_spec.get("suspend")),
+        ("Cancel", the_spec.get("cancel")),
+    ]
+    for label, value in optional:
+        if value not in (None, "", []):
+            text = format_value(value)
+            if label in {"Deadline", "TTL after finished"}:
+                text += " s"
+            lines.append((label, text))
+    return lines
