@@ -362,6 +362,15 @@ def _complete(
     elif exit_code == 0:
         why = f"log unavailable: {log.unavailable}" if log.unavailable else decoded.results_error
         draft.finish(R.FAILED, f"lm_eval exited 0 but the pod log holds no results: {why}")
+    elif pod.deleting and exit_code != 0:
+        # Deleted by someone else (the poller's own deletions end the job first):
+        # the driver's "cancelled" is only the SIGTERM it got.
+        said = f" (the driver reported: {outcome.message})" if outcome and outcome.message else ""
+        draft.finish(
+            R.FAILED,
+            f"pod {pod.name} was deleted before the evaluation finished{said}",
+            cause="PodDeleted",
+        )
     elif outcome is not None and outcome.event == protocol.EVENT_CANCELLED:
         draft.finish(R.CANCELLED, outcome.message or "cancelled")
     elif pod.main.reason == "OOMKilled" or outcome is None or not outcome.message:

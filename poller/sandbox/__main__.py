@@ -3,7 +3,10 @@
 ``up`` builds (or reuses) the binaries, starts the plane in the background and
 prints the kubeconfig and how to use it; ``status`` says what runs; ``down``
 stops it. The processes outlive this command: their PIDs are in the work
-directory's ``state.json``, which is what ``down`` reads.
+directory's ``state.json``, which is what ``down`` reads. ``run`` does it all
+for one real evaluation (see `poller.sandbox.demo`): plane, poller, local pod
+runner, toy model server, a sample job, its results; ``--keep`` leaves them
+up for ``down``.
 """
 
 from __future__ import annotations
@@ -76,6 +79,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if all(alive.values()) else 1
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from poller.sandbox import demo
+
+    workdir: Path = args.workdir
+    hint = "python -m poller.sandbox down"
+    if workdir != DEFAULT_WORKDIR:
+        hint = f"python -m poller.sandbox --workdir {workdir} down"
+    options = demo.DemoOptions(
+        workdir=workdir,
+        sample=args.sample,
+        keep=args.keep,
+        model_port=args.model_port,
+        timeout=args.timeout,
+        down_hint=hint,
+    )
+    return demo.run(options)
+
+
 def cmd_build(_: argparse.Namespace) -> int:
     print(build.ensure_binaries())
     return 0
@@ -97,7 +118,32 @@ def main(argv: list[str] | None = None) -> int:
     up = commands.add_parser("up", help="start a control plane in the background")
     up.add_argument("--nodes", type=int, default=2, help="kwok nodes to create")
     up.set_defaults(func=cmd_up)
-    commands.add_parser("down", help="stop it").set_defaults(func=cmd_down)
+    run = commands.add_parser(
+        "run",
+        help="start everything, run one real evaluation, show its results",
+        description="Start the control plane, the poller, a local pod runner and a toy model "
+        "server; apply a sample LMEvalJob from deploy/samples/; follow it to its results.",
+    )
+    run.add_argument(
+        "--sample",
+        default="served-model",
+        help="served-model (local-completions against the toy server), dummy-model, "
+        "or a path to a YAML file with one LMEvalJob (default: %(default)s)",
+    )
+    run.add_argument("--keep", action="store_true", help="leave everything running afterwards")
+    run.add_argument(
+        "--model-port",
+        type=int,
+        default=8765,
+        help="port of the toy model server; a free one is used if taken (default: %(default)s)",
+    )
+    run.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for the job to finish"
+    )
+    run.set_defaults(func=cmd_run)
+    commands.add_parser("down", help="stop it (and what `run --keep` left)").set_defaults(
+        func=cmd_down
+    )
     commands.add_parser("status", help="show what runs").set_defaults(func=cmd_status)
     commands.add_parser(
         "build", help="build or find the binaries, print their directory"

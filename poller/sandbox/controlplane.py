@@ -527,6 +527,15 @@ def _http_ok(url: str, context: ssl.SSLContext | None, accept: Callable[[bytes],
         return False
 
 
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the parenthesised command name, which may hold spaces.
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
+
+
 def _terminate(pid: int, grace: float = 10.0) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
@@ -538,6 +547,8 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
             os.kill(pid, 0)
         except ProcessLookupError:
             return
+        if _is_zombie(pid):
+            return  # dead, waiting for a parent (or init) to reap it
         try:
             # Reap it if it is our child; harmless otherwise.
             if os.waitpid(pid, os.WNOHANG)[0] == pid:

@@ -187,6 +187,7 @@ def test_pod_is_restricted_tokenless_and_rightless(
         "--gen_kwargs=temperature=0",
         "--batch_size=auto:4",
         "--log_samples",
+        "--device=cpu",
     ]
     env = {e.name: e.value for e in main.env}
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "1"

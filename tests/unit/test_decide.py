@@ -437,3 +437,11 @@ def test_pod_that_ended_before_the_evaluation_ran_fails() -> None:
     assert status.message == (
         "pod eval-abc123 ended (Failed) before the evaluation ran: InitFailed: cp: not found"
     )
+
+
+def test_pod_deleted_by_someone_else_fails_even_if_the_driver_says_cancelled() -> None:
+    gone = pod("terminated", deleting=True, exit_code=71)
+    lines = [encode_marker("cancelled", message="cancelled by SIGTERM", signal=15)]
+    status = status_of(decide.decide(job(running_status()), gone, SETTINGS, NOW, log_view(lines)))
+    assert status.reason == api.JobReason.FAILED
+    assert "was deleted before the evaluation finished" in (status.message or "")

@@ -1,0 +1,129 @@
+"""The pure pieces of the sandbox's local pod runner and of the run command.
+
+No cluster: how container paths become local paths (mount paths, their
+parent directories, never URLs or unrelated absolute paths), Kubernetes'
+``$(VAR)`` expansion, the container argv as a local command line, the
+kubelet's FallbackToLogsOnError message, the node placement the samples
+use, the samples' port substitution and the results table's rows.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from poller import api
+from poller.sandbox import demo
+from poller.sandbox.runner import (
+    NODE_LABEL,
+    PathMapper,
+    expand_vars,
+    local_argv,
+    placement,
+    termination_message,
+)
+
+ROOT = Path("/w/pods/ns/p-1/root")
+MOUNTS = ["/tmp", "/cache/huggingface", "/outputs", "/opt/lmeval/tasks/my-tasks"]
+
+
+def test_mount_paths_and_their_parents_are_mapped() -> None:
+    mapper = PathMapper(ROOT, MOUNTS)
+    assert mapper.local("/outputs") == f"{ROOT}/outputs"
+    assert mapper.local("/outputs/run-1/x.json") == f"{ROOT}/outputs/run-1/x.json"
+    assert mapper.local("/opt/lmeval/tasks") == f"{ROOT}/opt/lmeval/tasks"
+    assert mapper.local("/opt/lmeval/tasks/my-tasks/a.jsonl") == (
+        f"{ROOT}/opt/lmeval/tasks/my-tasks/a.jsonl"
+    )
+    # Not provided by a volume: it would come from the image.
+    for path in ("/usr/bin/python", "/opt/lmeval/tasks/other/a.yaml", "/outputsx", "/", "/opt/x"):
+        assert mapper.local(path) == path
+
+
+def test_rewrite_finds_paths_inside_text() -> None:
+    mapper = PathMapper(ROOT, MOUNTS)
+    assert mapper.rewrite("--output-root=/outputs") == f"--output-root={ROOT}/outputs"
+    assert mapper.rewrite("--include_path=/opt/lmeval/tasks") == (
+        f"--include_path={ROOT}/opt/lmeval/tasks"
+    )
+    task = "data_files:\n  test: /opt/lmeval/tasks/my-tasks/d.jsonl\n"
+    local = f"{ROOT}/opt/lmeval/tasks/my-tasks/d.jsonl"
+    assert mapper.rewrite(task) == f"data_files:\n  test: {local}\n"
+    url = "base_url=http://127.0.0.1:8765/v1/completions,tokenizer_backend=remote"
+    assert mapper.rewrite(url) == url
+    assert mapper.rewrite("x/tmp/y and /tmpfoo") == "x/tmp/y and /tmpfoo"
+
+
+def test_expand_vars_like_kubernetes() -> None:
+    env = {"HOME": "/tmp", "N": "3"}
+    assert expand_vars("$(HOME)/x-$(N)", env) == "/tmp/x-3"
+    assert expand_vars("$(MISSING) $$(HOME) $$", env) == "$(MISSING) $(HOME) $"
+
+
+def test_local_argv_uses_this_interpreter() -> None:
+    mapper = PathMapper(ROOT, MOUNTS)
+    argv = local_argv(
+        ["lmeval-driver", "--output-root=/outputs", "--", "python", "-m", "lm_eval", "--x=python"],
+        mapper,
+        sys.executable,
+    )
+    assert argv == [
+        sys.executable,
+        "-m",
+        "driver",
+        f"--output-root={ROOT}/outputs",
+        "--",
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--x=python",
+    ]
+    assert local_argv(["python3", "-m", "driver"], mapper, "/py")[0] == "/py"
+
+
+def test_termination_message_keeps_the_tail() -> None:
+    lines = [f"line {i}" for i in range(200)]
+    message = termination_message(lines)
+    assert message.endswith("line 199") and "line 119" not in message
+    assert len(message.encode()) <= 2048
+    assert termination_message(["x" * 5000]) == "x" * 2048
+
+
+def test_samples_target_the_sandbox_node_and_the_chosen_port() -> None:
+    for name in demo.SAMPLES:
+        documents = demo.sample_documents(name, 41234)
+        job = next(d for d in documents if d["kind"] == api.KIND)
+        spec = api.LMEvalJobSpec.model_validate(job["spec"])  # the poller accepts it
+        assert spec.pod is not None and spec.pod.node_selector == {NODE_LABEL[0]: NODE_LABEL[1]}
+        wanted = placement()
+        assert job["spec"]["pod"]["tolerations"] == wanted["tolerations"]
+        assert [c.config_map for c in spec.custom_tasks or []] == ["lmeval-sample-tasks"]
+    served = demo.sample_documents("served-model", 41234)
+    args = next(d for d in served if d["kind"] == api.KIND)["spec"]["modelArgs"]
+    assert {"name": "base_url", "value": "http://127.0.0.1:41234/v1/completions"} in args
+
+
+def test_sample_task_files_use_absolute_in_pod_paths() -> None:
+    configmap = yaml.safe_load(demo.TASKS_FILE.read_text())
+    name = configmap["metadata"]["name"]
+    for key, text in configmap["data"].items():
+        if key.endswith(".yaml"):
+            task = yaml.safe_load(text)
+            path = task["dataset_kwargs"]["data_files"]["test"]
+            assert path == f"/opt/lmeval/tasks/{name}/arith.jsonl"
+    assert len(configmap["data"]["arith.jsonl"].splitlines()) == 8
+
+
+def test_results_rows() -> None:
+    results = {
+        "results": {
+            "t_mc": {"alias": "t_mc", "acc,none": 0.25, "acc_stderr,none": 0.1637},
+            "t_gen": {"exact_match,strict": 1, "exact_match_stderr,strict": "N/A"},
+        }
+    }
+    assert demo.results_rows(results) == [
+        ("t_gen", "exact_match", "strict", "1", "N/A"),
+        ("t_mc", "acc", "none", "0.2500", "0.1637"),
+    ]
