@@ -44,28 +44,48 @@ Run it with ``python -m poller.sandbox.runner --kubeconfig K --workdir D
 from __future__ import annotations
 
 import argparse
-import base64
-import collections
 import contextlib
-import ctypes
-import datetime as dt
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kubernetes import client
 
 from poller.sandbox.identities import api_client
+from poller.sandbox.localproc import (
+    Container,
+    LocalPod,
+    alive,
+    cri_line,
+    die_with_parent,
+    memory_kib,
+    process_table,
+    pump,
+    remember_family,
+    rfc3339,
+    utc_now,
+    wait_for_exit,
+)
+from poller.sandbox.podfs import (
+    HOST_IP,
+    ConfigError,
+    PathMapper,
+    clean_path,
+    copies_only,
+    expand_vars,
+    field_value,
+    local_argv,
+    termination_message,
+    volume_files,
+)
 
 __all__ = [
     "NODE_LABEL",
@@ -76,6 +96,7 @@ __all__ = [
     "expand_vars",
     "local_argv",
     "placement",
+    "termination_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,19 +104,11 @@ log = logging.getLogger(__name__)
 NODE_NAME = "lmeval-sandbox"
 NODE_LABEL = ("sandbox.lmeval.io/local", "true")
 NODE_TAINT = {"key": NODE_LABEL[0], "value": NODE_LABEL[1], "effect": "NoSchedule"}
-HOST_IP = "127.0.0.1"
-# What the kubelet keeps of a failed container's log as its termination message.
-TERMINATION_LINES = 80
-TERMINATION_BYTES = 2048
 # A start error as containerd reports it.
 START_ERROR_CODE = 128
 REQUEST_TIMEOUT = 15.0
 NODE_REFRESH_SECONDS = 20.0
 CONFIG_RETRY_SECONDS = 2.0
-# How long a finished container's output may keep arriving (a grandchild
-# holding the pipe) before the termination is reported anyway.
-DRAIN_SECONDS = 5.0
-_PR_SET_PDEATHSIG = 1
 
 
 def placement() -> dict[str, Any]:
@@ -104,112 +117,6 @@ def placement() -> dict[str, Any]:
         "nodeSelector": {NODE_LABEL[0]: NODE_LABEL[1]},
         "tolerations": [{**NODE_TAINT, "operator": "Equal"}],
     }
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def _rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _rfc3339_nano(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-# -- pure helpers ------------------------------------------------------------------
-
-_PATH_TOKEN = re.compile(r"(?<![\w.\-/@+])/[\w.\-/@+]*")
-
-
-class PathMapper:
-    """Container paths to local paths, under one per-pod root directory.
-
-    A path is mapped when a volume provides it (it is a mount path or lies
-    below one) or when it is a parent directory of a mount path (lm_eval's
-    ``--include_path=/opt/lmeval/tasks`` above ``/opt/lmeval/tasks/<cm>``).
-    Every other absolute path is left alone: it would come from the image.
-    """
-
-    def __init__(self, root: Path, mount_paths: Iterable[str]) -> None:
-        self.root = root
-        self.mounts = sorted({_clean(p) for p in mount_paths if _clean(p) != "/"})
-        parents: set[str] = set()
-        for mount in self.mounts:
-            parent = os.path.dirname(mount)
-            while parent not in ("/", ""):
-                parents.add(parent)
-                parent = os.path.dirname(parent)
-        self.parents = parents
-
-    def maps(self, path: str) -> bool:
-        clean = _clean(path)
-        if clean in self.parents:
-            return True
-        return any(clean == m or clean.startswith(m + "/") for m in self.mounts)
-
-    def local(self, path: str) -> str:
-        """The local path for container path `path` (unchanged when not mapped)."""
-        if not path.startswith("/") or path.startswith("//") or not self.maps(path):
-            return path
-        return str(self.root) + path
-
-    def rewrite(self, text: str) -> str:
-        """`text` with every mapped absolute path in it replaced by its local path."""
-        return _PATH_TOKEN.sub(lambda m: self.local(m.group(0)), text)
-
-
-def _clean(path: str) -> str:
-    cleaned = os.path.normpath(path) if path else path
-    return "/" if cleaned in ("//", "") else cleaned
-
-
-_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
-
-
-def expand_vars(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion: defined names replaced, ``$$`` is ``$``."""
-
-    def substitute(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group(1)
-        return env[name] if name in env else match.group(0)
-
-    return _VAR_REF.sub(substitute, text)
-
-
-_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
-
-
-def local_argv(argv: Sequence[str], mapper: PathMapper, python: str) -> list[str]:
-    """A container's argv as a local command line.
-
-    ``lmeval-driver`` becomes ``<python> -m driver``, every ``python`` word
-    becomes `python` (this interpreter, where lm_eval and the driver are
-    installed), and mapped paths become local paths.
-    """
-    out: list[str] = []
-    for index, word in enumerate(argv):
-        if index == 0 and word == "lmeval-driver":
-            out += [python, "-m", "driver"]
-        elif _PYTHON.match(word):
-            out.append(python)
-        else:
-            out.append(mapper.rewrite(word))
-    return out
-
-
-def termination_message(lines: Iterable[str]) -> str:
-    """The kubelet's FallbackToLogsOnError message: the log's last 80 lines / 2 KiB."""
-    text = "\n".join(list(lines)[-TERMINATION_LINES:])
-    data = text.encode("utf-8", "replace")[-TERMINATION_BYTES:]
-    return data.decode("utf-8", "replace")
-
-
-class ConfigError(Exception):
-    """The container cannot be set up yet (CreateContainerConfigError)."""
 
 
 # -- the raw API ---------------------------------------------------------------------
@@ -266,185 +173,6 @@ class _Api:
             raise
 
 
-# -- processes ----------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    # Between fork and exec: when the runner dies, its pods get SIGTERM.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, start time) for every process."""
-    table: dict[int, tuple[int, str]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="utf-8") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        table[int(entry.name)] = (int(fields[1]), fields[19])
-    return table
-
-
-def _alive(pid: int, start: str | None = None) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    if fields[0] in ("Z", "X"):
-        return False
-    return start is None or fields[19] == start
-
-
-@dataclass
-class _Container:
-    """One container of a pod: its spec, and its process once started."""
-
-    name: str
-    image: str
-    spec: dict[str, Any]
-    init: bool = False
-    log_path: Path | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    started_at: dt.datetime | None = None
-    finished_at: dt.datetime | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str = ""
-    message: str = ""
-    waiting_reason: str = ""
-    waiting_message: str = ""
-    orphans_killed: bool = False
-    tail: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=TERMINATION_LINES)
-    )
-    readers: list[threading.Thread] = field(default_factory=list)
-    # Every process seen below the main one (pid -> start time), for the kill.
-    family: dict[int, str] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def state(self) -> str:
-        if self.exit_code is not None:
-            return "terminated"
-        if self.proc is not None:
-            return "running"
-        return "waiting"
-
-    def drained(self) -> bool:
-        """The process exited and its output is in the log (or took too long)."""
-        if self.proc is None or self.proc.poll() is None:
-            return False
-        if not any(t.is_alive() for t in self.readers):
-            return True
-        finished = self.finished_at
-        return finished is not None and (_now() - finished).total_seconds() > DRAIN_SECONDS
-
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "image": self.image,
-            "imageID": "",
-            "ready": self.state == "running" and not self.init,
-            "restartCount": 0,
-        }
-        if self.proc is not None:
-            out["containerID"] = f"sandbox://{self.proc.pid}"
-        if not self.init:
-            out["started"] = self.state == "running"
-        if self.exit_code is not None:
-            terminated: dict[str, Any] = {
-                "exitCode": self.exit_code,
-                "reason": self.reason,
-                "startedAt": _rfc3339(self.started_at or self.finished_at or _now()),
-                "finishedAt": _rfc3339(self.finished_at or _now()),
-            }
-            if self.signal:
-                terminated["signal"] = self.signal
-            if self.message:
-                terminated["message"] = self.message
-            out["state"] = {"terminated": terminated}
-        elif self.proc is not None:
-            assert self.started_at is not None
-            out["state"] = {"running": {"startedAt": _rfc3339(self.started_at)}}
-        else:
-            waiting: dict[str, Any] = {"reason": self.waiting_reason or "ContainerCreating"}
-            if self.waiting_message:
-                waiting["message"] = self.waiting_message
-            out["state"] = {"waiting": waiting}
-        return out
-
-
-class _LocalPod:
-    """One pod on the node, as the runner tracks it."""
-
-    def __init__(self, obj: dict[str, Any], pod_dir: Path) -> None:
-        meta = obj["metadata"]
-        self.namespace: str = meta["namespace"]
-        self.name: str = meta["name"]
-        self.uid: str = meta["uid"]
-        self.obj = obj
-        self.dir = pod_dir
-        self.root = pod_dir / "root"
-        spec = obj.get("spec") or {}
-        self.init = [
-            _Container(c["name"], c.get("image", ""), c, init=True)
-            for c in spec.get("initContainers") or []
-        ]
-        self.main = [
-            _Container(c["name"], c.get("image", ""), c) for c in spec.get("containers") or []
-        ]
-        self.prepared = False
-        self.retry_at = 0.0
-        self.start_time: dt.datetime | None = None
-        self.term_sent = False
-        self.kill_at: float | None = None
-        self.killed = False
-        self.deleted = False
-        self.lost = False
-        self.reported: dict[str, Any] | None = None
-        # Condition type -> (status, lastTransitionTime).
-        self.transitions: dict[str, tuple[str, str]] = {}
-        self.mapper = PathMapper(self.root, [])
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def containers(self) -> list[_Container]:
-        return [*self.init, *self.main]
-
-    def running(self) -> list[_Container]:
-        return [c for c in self.containers() if c.state == "running"]
-
-    def init_failed(self) -> bool:
-        return any(c.exit_code not in (None, 0) for c in self.init)
-
-    def finished(self) -> bool:
-        if self.init_failed():
-            return not self.running()
-        return bool(self.main) and all(c.state == "terminated" for c in self.main)
-
-    def phase(self) -> str:
-        if self.lost:
-            return "Failed"
-        if self.finished():
-            if self.init_failed() or any(c.exit_code != 0 for c in self.main):
-                return "Failed"
-            return "Succeeded"
-        if any(c.state != "waiting" for c in self.main):
-            return "Running"
-        return "Pending"
-
-
-# -- the runner ---------------------------------------------------------------------
-
-
 class LocalRunner:
     """Serve node `node_name`: run its pods as local processes, report like a kubelet."""
 
@@ -465,7 +193,7 @@ class LocalRunner:
         self.interval = interval
         self.python = python
         self._api_client: client.ApiClient | None = None
-        self._pods: dict[str, _LocalPod] = {}
+        self._pods: dict[str, LocalPod] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -558,10 +286,10 @@ class LocalRunner:
         }
 
     def node_status(self, ready: bool = True) -> dict[str, Any]:
-        now = _rfc3339(_now())
+        now = rfc3339(utc_now())
         capacity = {
             "cpu": str(os.cpu_count() or 1),
-            "memory": f"{_memory_kib()}Ki",
+            "memory": f"{memory_kib()}Ki",
             "pods": "110",
             "ephemeral-storage": "100Gi",
         }
@@ -642,7 +370,7 @@ class LocalRunner:
                     continue
             pod.obj = obj
             if pod.running() and table is None:
-                table = _process_table()
+                table = process_table()
             try:
                 self._advance(pod, table or {})
             except ApiError as error:
@@ -656,11 +384,11 @@ class LocalRunner:
             if uid not in objects:
                 # Force-deleted, or finalised by us: nothing may keep running.
                 pod = self._pods[uid]
-                self._kill(pod, _process_table())
+                self._kill(pod, process_table())
                 with self._lock:
                     del self._pods[uid]
 
-    def _admit(self, obj: dict[str, Any]) -> _LocalPod | None:
+    def _admit(self, obj: dict[str, Any]) -> LocalPod | None:
         meta = obj["metadata"]
         status = obj.get("status") or {}
         deleting = bool(meta.get("deletionTimestamp"))
@@ -669,7 +397,7 @@ class LocalRunner:
                 self._finalize(meta["namespace"], meta["name"], meta["uid"])
             return None
         pod_dir = self.workdir / "pods" / meta["namespace"] / f"{meta['name']}-{meta['uid'][:8]}"
-        pod = _LocalPod(obj, pod_dir)
+        pod = LocalPod(obj, pod_dir)
         started_elsewhere = any(
             "running" in (cs.get("state") or {}) or "terminated" in (cs.get("state") or {})
             for cs in status.get("containerStatuses") or []
@@ -680,7 +408,7 @@ class LocalRunner:
             for c in pod.main:
                 c.exit_code, c.reason = 137, "ContainerStatusUnknown"
                 c.message = "The container could not be located when the pod was terminated"
-                c.finished_at = _now()
+                c.finished_at = utc_now()
         elif deleting:
             self._finalize(pod.namespace, pod.name, pod.uid)
             return None
@@ -689,11 +417,11 @@ class LocalRunner:
         log.info("admitted pod %s", pod.key)
         return pod
 
-    def _advance(self, pod: _LocalPod, table: dict[int, tuple[int, str]]) -> None:
+    def _advance(self, pod: LocalPod, table: dict[int, tuple[int, str]]) -> None:
         meta = pod.obj["metadata"]
         deleting = bool(meta.get("deletionTimestamp"))
         for c in pod.running():
-            _remember_family(c, table)
+            remember_family(c, table)
         if deleting and not pod.finished():
             self._terminate(pod, meta, table)
         elif not pod.prepared and not pod.lost and time.monotonic() >= pod.retry_at:
@@ -706,7 +434,7 @@ class LocalRunner:
             pod.deleted = True
 
     def _terminate(
-        self, pod: _LocalPod, meta: dict[str, Any], table: dict[int, tuple[int, str]]
+        self, pod: LocalPod, meta: dict[str, Any], table: dict[int, tuple[int, str]]
     ) -> None:
         if not pod.term_sent:
             grace = meta.get("deletionGracePeriodSeconds")
@@ -724,25 +452,25 @@ class LocalRunner:
         elif pod.kill_at is not None and time.monotonic() >= pod.kill_at and not pod.killed:
             self._kill(pod, table)
 
-    def _kill(self, pod: _LocalPod, table: dict[int, tuple[int, str]]) -> None:
+    def _kill(self, pod: LocalPod, table: dict[int, tuple[int, str]]) -> None:
         """SIGKILL every process of the pod, as removing its cgroup would."""
         pod.killed = True
         for c in pod.containers():
             if c.proc is None:
                 continue
-            _remember_family(c, table)
+            remember_family(c, table)
             victims = {c.proc.pid: None, **c.family}
             for pid, start in victims.items():
                 if pid == c.proc.pid and c.proc.poll() is not None:
                     continue
-                if pid != c.proc.pid and not _alive(pid, start):
+                if pid != c.proc.pid and not alive(pid, start):
                     continue
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 
     # -- set-up ----------------------------------------------------------------------
 
-    def _try_prepare(self, pod: _LocalPod) -> None:
+    def _try_prepare(self, pod: LocalPod) -> None:
         try:
             self._prepare(pod)
         except ConfigError as error:
@@ -753,9 +481,9 @@ class LocalRunner:
             pod.retry_at = time.monotonic() + CONFIG_RETRY_SECONDS
             return
         pod.prepared = True
-        pod.start_time = _now()
+        pod.start_time = utc_now()
 
-    def _prepare(self, pod: _LocalPod) -> None:
+    def _prepare(self, pod: LocalPod) -> None:
         spec = pod.obj.get("spec") or {}
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         mounts: list[tuple[str, str, str]] = []  # (mount path, volume, subPath)
@@ -763,7 +491,7 @@ class LocalRunner:
             for m in c.spec.get("volumeMounts") or []:
                 if m["name"] not in volumes:
                     raise ConfigError(f"volume {m['name']!r} of container {c.name} is not defined")
-                mounts.append((_clean(m["mountPath"]), m["name"], m.get("subPath") or ""))
+                mounts.append((clean_path(m["mountPath"]), m["name"], m.get("subPath") or ""))
         pod.mapper = PathMapper(pod.root, [path for path, _, _ in mounts])
         pod.root.mkdir(parents=True, exist_ok=True)
         (pod.dir / "logs").mkdir(exist_ok=True)
@@ -791,7 +519,7 @@ class LocalRunner:
                 where.symlink_to(target)
         self._create_logs_object(pod)
 
-    def _materialise(self, pod: _LocalPod, volume: dict[str, Any], home: Path) -> None:
+    def _materialise(self, pod: LocalPod, volume: dict[str, Any], home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
         if "emptyDir" in volume:
             return
@@ -820,7 +548,7 @@ class LocalRunner:
             target.write_bytes(data)
             target.chmod(0o444)
 
-    def _source_files(self, pod: _LocalPod, source: dict[str, Any]) -> dict[str, bytes]:
+    def _source_files(self, pod: LocalPod, source: dict[str, Any]) -> dict[str, bytes]:
         """The files one volume source (or projection source) provides."""
         if "serviceAccountToken" in source:
             # What the kubelet does for a projected token: a TokenRequest
@@ -848,7 +576,7 @@ class LocalRunner:
             return {spec["path"]: response["status"]["token"].encode()}
         if "downwardAPI" in source:
             return {
-                item["path"]: _field_value(pod.obj, item["fieldRef"]["fieldPath"]).encode()
+                item["path"]: field_value(pod.obj, item["fieldRef"]["fieldPath"]).encode()
                 for item in source["downwardAPI"].get("items") or []
                 if "fieldRef" in item
             }
@@ -861,7 +589,7 @@ class LocalRunner:
             if ref.get("optional"):
                 return {}
             raise ConfigError(f'{kind} "{name}" not found')
-        files = _volume_files(obj, kind == "secret")
+        files = volume_files(obj, kind == "secret")
         if ref.get("items"):
             chosen: dict[str, bytes] = {}
             for item in ref["items"]:
@@ -877,7 +605,7 @@ class LocalRunner:
                     files[rel] = pod.mapper.rewrite(data.decode("utf-8")).encode("utf-8")
         return files
 
-    def _create_logs_object(self, pod: _LocalPod) -> None:
+    def _create_logs_object(self, pod: LocalPod) -> None:
         entries = []
         for c in pod.containers():
             c.log_path = pod.dir / "logs" / f"{c.name}.log"
@@ -907,7 +635,7 @@ class LocalRunner:
             body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
             self.api.request("PUT", f"{path}/{pod.name}", body=body)
 
-    def _env(self, pod: _LocalPod, c: _Container) -> dict[str, str]:
+    def _env(self, pod: LocalPod, c: Container) -> dict[str, str]:
         env: dict[str, str] = {}
         for source in c.spec.get("envFrom") or []:
             prefix = source.get("prefix", "")
@@ -920,7 +648,7 @@ class LocalRunner:
                     if source[kind].get("optional"):
                         continue
                     raise ConfigError(f'{plural[:-1]} "{name}" not found')
-                for key, data in _volume_files(obj, kind == "secretRef").items():
+                for key, data in volume_files(obj, kind == "secretRef").items():
                     env[prefix + key] = data.decode("utf-8", "replace")
         for item in c.spec.get("env") or []:
             if "valueFrom" in item:
@@ -932,7 +660,7 @@ class LocalRunner:
             env[item["name"]] = value
         return {key: pod.mapper.rewrite(value) for key, value in env.items()}
 
-    def _value_from(self, pod: _LocalPod, name: str, source: dict[str, Any]) -> str | None:
+    def _value_from(self, pod: LocalPod, name: str, source: dict[str, Any]) -> str | None:
         for kind, plural, binary in (
             ("secretKeyRef", "secrets", True),
             ("configMapKeyRef", "configmaps", False),
@@ -941,7 +669,7 @@ class LocalRunner:
                 continue
             ref = source[kind]
             obj = self.api.get_or_none(f"/api/v1/namespaces/{pod.namespace}/{plural}/{ref['name']}")
-            files = _volume_files(obj, binary) if obj is not None else {}
+            files = volume_files(obj, binary) if obj is not None else {}
             if ref["key"] not in files:
                 if ref.get("optional"):
                     return None
@@ -951,12 +679,12 @@ class LocalRunner:
                 raise ConfigError(f"couldn't find key {ref['key']} in {what} {ref['name']}")
             return files[ref["key"]].decode("utf-8", "replace")
         if "fieldRef" in source:
-            return _field_value(pod.obj, source["fieldRef"]["fieldPath"])
+            return field_value(pod.obj, source["fieldRef"]["fieldPath"])
         raise ConfigError(f"env {name}: {', '.join(source)} is not supported here")
 
     # -- processes -------------------------------------------------------------------
 
-    def _start_next(self, pod: _LocalPod) -> None:
+    def _start_next(self, pod: LocalPod) -> None:
         """Start the next init container, or every main container once init is done."""
         if not pod.prepared or pod.term_sent or pod.lost or time.monotonic() < pod.retry_at:
             return
@@ -967,9 +695,9 @@ class LocalRunner:
                 continue
             if c.state == "running":
                 return
-            if _copies_only(c.spec):
+            if copies_only(c.spec):
                 # The driver is installed in this environment already.
-                c.started_at = c.finished_at = _now()
+                c.started_at = c.finished_at = utc_now()
                 c.exit_code, c.reason = 0, "Completed"
                 continue
             self._spawn(pod, c)
@@ -978,7 +706,7 @@ class LocalRunner:
             if c.state == "waiting":
                 self._spawn(pod, c)
 
-    def _spawn(self, pod: _LocalPod, c: _Container) -> None:
+    def _spawn(self, pod: LocalPod, c: Container) -> None:
         try:
             env = self._env(pod, c)
         except ConfigError as error:
@@ -1002,7 +730,7 @@ class LocalRunner:
             cwd = str(pod.root)
         Path(cwd).mkdir(parents=True, exist_ok=True)
         assert c.log_path is not None
-        c.started_at = _now()
+        c.started_at = utc_now()
         if not c.spec.get("command"):
             self._start_failed(
                 c,
@@ -1019,7 +747,7 @@ class LocalRunner:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         except OSError as error:
             self._start_failed(c, f"failed to start container process: {error}")
@@ -1031,25 +759,25 @@ class LocalRunner:
         assert proc.stdout is not None and proc.stderr is not None
         readers = [
             threading.Thread(
-                target=_pump, args=(proc.stdout, "stdout", handle, lock, c), daemon=True
+                target=pump, args=(proc.stdout, "stdout", handle, lock, c), daemon=True
             ),
             threading.Thread(
-                target=_pump, args=(proc.stderr, "stderr", handle, lock, c), daemon=True
+                target=pump, args=(proc.stderr, "stderr", handle, lock, c), daemon=True
             ),
         ]
         c.readers = readers
         for reader in readers:
             reader.start()
-        threading.Thread(target=_wait, args=(c, readers, handle, lock), daemon=True).start()
+        threading.Thread(target=wait_for_exit, args=(c, readers, handle, lock), daemon=True).start()
 
-    def _start_failed(self, c: _Container, message: str) -> None:
+    def _start_failed(self, c: Container, message: str) -> None:
         c.exit_code, c.reason, c.message = START_ERROR_CODE, "StartError", message
-        c.finished_at = _now()
+        c.finished_at = utc_now()
         if c.log_path is not None:
             with c.log_path.open("ab") as handle:
-                handle.write(_cri(b"stderr", message.encode()))
+                handle.write(cri_line(b"stderr", message.encode()))
 
-    def _collect(self, pod: _LocalPod, table: dict[int, tuple[int, str]]) -> None:
+    def _collect(self, pod: LocalPod, table: dict[int, tuple[int, str]]) -> None:
         """Turn exited processes into terminated container states."""
         for c in pod.containers():
             if c.exit_code is not None or c.proc is None or c.proc.poll() is None:
@@ -1058,9 +786,9 @@ class LocalRunner:
                 # As when a container's PID 1 exits: nothing it started survives
                 # (and nothing keeps its output pipes open).
                 c.orphans_killed = True
-                _remember_family(c, table)
+                remember_family(c, table)
                 for pid, start in c.family.items():
-                    if _alive(pid, start):
+                    if alive(pid, start):
                         with contextlib.suppress(ProcessLookupError, PermissionError):
                             os.kill(pid, signal.SIGKILL)
             if not c.drained():
@@ -1081,17 +809,17 @@ class LocalRunner:
 
     # -- reporting -------------------------------------------------------------------
 
-    def _condition(self, pod: _LocalPod, kind: str, ok: bool, reason: str = "") -> dict[str, Any]:
+    def _condition(self, pod: LocalPod, kind: str, ok: bool, reason: str = "") -> dict[str, Any]:
         status = "True" if ok else "False"
         previous = pod.transitions.get(kind)
-        when = previous[1] if previous and previous[0] == status else _rfc3339(_now())
+        when = previous[1] if previous and previous[0] == status else rfc3339(utc_now())
         pod.transitions[kind] = (status, when)
         out = {"type": kind, "status": status, "lastTransitionTime": when, "lastProbeTime": None}
         if reason:
             out["reason"] = reason
         return out
 
-    def _report(self, pod: _LocalPod) -> None:
+    def _report(self, pod: LocalPod) -> None:
         phase = pod.phase()
         initialized = all(c.state == "terminated" and c.exit_code == 0 for c in pod.init)
         ready = phase == "Running" and all(c.state == "running" for c in pod.main)
@@ -1117,7 +845,7 @@ class LocalRunner:
         if pod.init:
             status["initContainerStatuses"] = [c.status() for c in pod.init]
         if pod.start_time is not None:
-            status["startTime"] = _rfc3339(pod.start_time)
+            status["startTime"] = rfc3339(pod.start_time)
         if pod.lost:
             status["reason"] = "ContainerStatusUnknown"
         comparable = json.loads(json.dumps(status))
@@ -1157,11 +885,11 @@ class LocalRunner:
                     os.kill(c.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and any(p.running() for p in running):
-            table = _process_table()
+            table = process_table()
             for pod in running:
                 self._collect(pod, table)
             time.sleep(0.1)
-        table = _process_table()
+        table = process_table()
         for pod in running:
             self._kill(pod, table)
             for c in pod.running():
@@ -1176,108 +904,6 @@ class LocalRunner:
 
 
 # -- process plumbing ------------------------------------------------------------------
-
-
-def _cri(stream: bytes, line: bytes) -> bytes:
-    stamp = _rfc3339_nano(_now()).encode()
-    return stamp + b" " + stream + b" F " + line + b"\n"
-
-
-def _pump(
-    pipe: IO[bytes], stream: str, handle: IO[bytes], lock: threading.Lock, c: _Container
-) -> None:
-    """Copy one pipe to the container log, a CRI line per output line."""
-    name = stream.encode()
-    try:
-        for raw in iter(pipe.readline, b""):
-            line = raw[:-1] if raw.endswith(b"\n") else raw
-            with lock:
-                if handle.closed:  # gave up waiting for this pipe (see DRAIN_SECONDS)
-                    break
-                handle.write(_cri(name, line))
-            with c._lock:
-                c.tail.append(line.decode("utf-8", "replace"))
-    finally:
-        pipe.close()
-
-
-def _wait(
-    c: _Container, readers: list[threading.Thread], handle: IO[bytes], lock: threading.Lock
-) -> None:
-    assert c.proc is not None
-    c.proc.wait()
-    c.finished_at = _now()
-    for reader in readers:
-        reader.join(DRAIN_SECONDS)
-    with lock:
-        handle.close()
-
-
-def _remember_family(c: _Container, table: Mapping[int, tuple[int, str]]) -> None:
-    """Add every live descendant of the container's main process to its family."""
-    if c.proc is None or not table:
-        return
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
-    stack = [c.proc.pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in c.family:
-                c.family[child] = table[child][1]
-            stack.append(child)
-
-
-def _copies_only(spec: dict[str, Any]) -> bool:
-    command = [*spec.get("command", []), *spec.get("args", [])]
-    return bool(command) and os.path.basename(command[0]) == "cp"
-
-
-def _volume_files(obj: dict[str, Any], secret: bool) -> dict[str, bytes]:
-    files: dict[str, bytes] = {}
-    for key, value in (obj.get("data") or {}).items():
-        files[key] = base64.b64decode(value) if secret else str(value).encode("utf-8")
-    for key, value in (obj.get("binaryData") or {}).items():
-        files[key] = base64.b64decode(value)
-    for key, value in (obj.get("stringData") or {}).items():
-        files[key] = str(value).encode("utf-8")
-    return files
-
-
-_FIELD = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
-
-
-def _field_value(obj: dict[str, Any], path: str) -> str:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    simple = {
-        "metadata.name": meta.get("name", ""),
-        "metadata.namespace": meta.get("namespace", ""),
-        "metadata.uid": meta.get("uid", ""),
-        "spec.nodeName": spec.get("nodeName", ""),
-        "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-        "status.hostIP": HOST_IP,
-        "status.hostIPs": HOST_IP,
-        "status.podIP": "",
-        "status.podIPs": "",
-    }
-    if path in simple:
-        return str(simple[path])
-    match = _FIELD.match(path)
-    if match:
-        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
-    raise ConfigError(f"fieldRef {path} is not supported here")
-
-
-def _memory_kib() -> int:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1])
-    return 8 * 1024 * 1024
-
-
-# -- command line ----------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
