@@ -233,12 +233,10 @@ class LMEvalJobSpec(_Model):
     batch_size: Annotated[str, Field(pattern=BATCH_SIZE)] | None = Field(
         default=None, description='Batch size: a number, "auto" or "auto:N" (--batch_size).'
     )
-    # At most 8 each: the admission policy checks every referenced Secret with
-    # its own authorizer call, and CEL's cost budget allows no more.
-    env_secrets: Annotated[list[EnvSecret], Field(max_length=8)] | None = Field(
+    env_secrets: list[EnvSecret] | None = Field(
         default=None, description="Environment variables from Secrets."
     )
-    file_secrets: Annotated[list[FileSecret], Field(max_length=8)] | None = Field(
+    file_secrets: list[FileSecret] | None = Field(
         default=None, description="Secrets mounted as files."
     )
     custom_tasks: Annotated[list[CustomTasks], Field(max_length=16)] | None = Field(
