@@ -191,14 +191,21 @@ def _seconds_between(start: str | None, end: dt.datetime) -> float:
     return (end - begun).total_seconds() if begun else 0.0
 
 
-def _schedule(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
+def _schedule(
+    job: JobView, settings: Settings, now: dt.datetime, run_as_user: int | None
+) -> Decision:
     try:
         spec = api.LMEvalJobSpec.model_validate(job.spec)
     except ValidationError as error:
         return decide_failure(job, now, _validation_message(error))
     try:
         manifest = podspec.build_pod(
-            name=job.name, namespace=job.namespace, uid=job.uid, spec=spec, settings=settings
+            name=job.name,
+            namespace=job.namespace,
+            uid=job.uid,
+            spec=spec,
+            settings=settings,
+            run_as_user=run_as_user,
         )
     except podspec.JobPodError as error:
         return decide_failure(job, now, str(error))
@@ -469,12 +476,14 @@ def decide(
     queue: QueueSlot | None = None,
     progress_due: bool = False,
     exec_view: ExecView | None = None,
+    run_as_user: int | None = None,
 ) -> Decision:
     """The actions that move `job` toward what it asks and what its pod shows. Pure.
 
     `queue` is set when the job waits for a free slot (max-running-jobs);
     `progress_due` lets a running job's log be read for progress this cycle;
-    `exec_view` is what an exec'd `cat` of the results returned, when asked.
+    `exec_view` is what an exec'd `cat` of the results returned, when asked;
+    `run_as_user` the namespace's OpenShift UID (for a pod made now), if any.
     """
     if job.deleting:
         return Decision()
@@ -488,14 +497,14 @@ def decide(
     if state == S.SUSPENDED:
         if pod is not None:
             return Decision()  # the old pod is still going away; resume after
-        return _schedule(job, settings, now)
+        return _schedule(job, settings, now, run_as_user)
     if (overdue := _deadline_exceeded(job, now)) is not None:
         return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")
     if pod is None:
         if state in (None, S.NEW):
             if queue is not None:
                 return _queued(job, queue, now)
-            return _schedule(job, settings, now)
+            return _schedule(job, settings, now, run_as_user)
         pod_name = job.status.pod_name or "the job pod"
         return decide_failure(
             job, now, f"pod {pod_name} was deleted before the evaluation finished"

@@ -38,6 +38,7 @@ __all__ = [
     "outputs_location",
     "pod_name",
     "resources_for",
+    "uid_range_start",
 ]
 
 MANAGED_BY = "lmeval-poller"
@@ -209,6 +210,23 @@ def outputs_location(spec: api.LMEvalJobSpec, name: str, uid: str) -> str | None
     )
 
 
+def uid_range_start(annotation: str | None) -> int | None:
+    """The first UID of an ``openshift.io/sa.scc.uid-range`` value ("1000680000/10000")."""
+    if not annotation:
+        return None
+    first = annotation.split("/", 1)[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
+def _pod_security_context(run_as_user: int | None) -> dict[str, Any]:
+    context: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if run_as_user is not None:
+        # The restricted SCC admits exactly the namespace's range; group 0 is
+        # what images built for arbitrary UIDs rely on.
+        context.update(runAsUser=run_as_user, runAsGroup=0, fsGroup=run_as_user)
+    return context
+
+
 def driver_command(settings: Settings) -> list[str]:
     """How the job container invokes the driver (also for `release` through exec)."""
     return ["python", "-m", "driver"] if settings.driver_image else ["lmeval-driver"]
@@ -229,9 +247,19 @@ def _sidecars(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
 
 
 def build_pod(
-    *, name: str, namespace: str, uid: str, spec: api.LMEvalJobSpec, settings: Settings
+    *,
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: api.LMEvalJobSpec,
+    settings: Settings,
+    run_as_user: int | None = None,
 ) -> dict[str, Any]:
     """The complete pod manifest for job `namespace/name` with UID `uid`.
+
+    `run_as_user` is the first UID of the namespace's OpenShift range
+    (``openshift.io/sa.scc.uid-range``) when it has one; otherwise the pod
+    leaves the UID to the image and the platform.
 
     Raises JobPodError when the spec asks for something the settings forbid.
     """
@@ -336,7 +364,7 @@ def build_pod(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": _pod_security_context(run_as_user),
         "containers": [main, *_sidecars(spec)],
         "volumes": volumes,
     }

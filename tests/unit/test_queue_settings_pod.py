@@ -246,3 +246,17 @@ def test_outputs_claim_gets_the_log_copy_and_status_says_where() -> None:
     assert f"--log-copy=/outputs/{name}.log" in pod["spec"]["containers"][0]["command"]
     assert "evals" in (podspec.outputs_location(spec, "e", "u") or "")
     assert podspec.outputs_location(_spec(), "e", "u") is None
+
+
+def test_openshift_uid_range_sets_the_pod_user() -> None:
+    assert podspec.uid_range_start("1000680000/10000") == 1000680000
+    assert podspec.uid_range_start(None) is None
+    assert podspec.uid_range_start("garbage") is None
+    plain = podspec.build_pod(name="e", namespace="n", uid="u", spec=_spec(), settings=Settings())
+    assert "runAsUser" not in plain["spec"]["securityContext"]
+    shifted = podspec.build_pod(
+        name="e", namespace="n", uid="u", spec=_spec(), settings=Settings(), run_as_user=1000680000
+    )
+    context = shifted["spec"]["securityContext"]
+    assert context["runAsUser"] == 1000680000 and context["runAsGroup"] == 0
+    assert context["runAsNonRoot"] is True
