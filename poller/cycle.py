@@ -3,10 +3,17 @@
 A cycle reads the settings ConfigMap, lists every LMEvalJob and every pod
 the poller manages (two paged LISTs whatever the number of jobs), joins pods
 to jobs by their controller ownerReference, and for each job runs the pure
-`decide` and carries out its actions through `Kube`. Jobs are independent:
-an exception while handling one is logged and counted, and the cycle goes on
-with the next. Nothing is cached between cycles except the settings' last
-good values; the cluster is the state.
+`decide` and carries out its actions through `Kube`. Each page of a LIST is
+turned into views as it arrives, so raw objects never pile up. Jobs are
+independent: an exception while handling one is logged and counted, and the
+cycle goes on with the next.
+
+The cluster is the state. Between cycles the poller keeps only the settings'
+last good values, when each running job's progress was last read (a rate
+limiter), and each job's view keyed by the resourceVersion it was built
+from: a view is a pure function of the object, and the apiserver changes
+the resourceVersion with every change to it, so reusing the view of an
+unchanged job saves validating its status again and alters nothing.
 """
 
 from __future__ import annotations
@@ -104,6 +111,9 @@ class Poller:
         # When each running job's log was last read for progress (monotonic
         # seconds): a rate limiter only, so losing it on restart is harmless.
         self._progress_read_at: dict[str, float] = {}
+        # The last cycle's view of every job by UID; reused while the job's
+        # resourceVersion is unchanged (see the module docstring).
+        self._views: dict[str, JobView] = {}
 
     @property
     def settings(self) -> Settings:
@@ -123,15 +133,37 @@ class Poller:
             return self.tracker.current
         return self.tracker.update(data)
 
-    def _list(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        if not self.namespaces:
-            return self.kube.list_jobs(), self.kube.list_pods(MANAGED_SELECTOR)
-        jobs: list[dict[str, Any]] = []
-        pods: list[dict[str, Any]] = []
-        for namespace in self.namespaces:
-            jobs += self.kube.list_jobs(namespace)
-            pods += self.kube.list_pods(MANAGED_SELECTOR, namespace)
-        return jobs, pods
+    def _observe(self, report: CycleReport) -> tuple[list[JobView], dict[str, PodView]]:
+        """List jobs and pods (page by page) into views; pods keyed by owner UID."""
+        jobs: list[JobView] = []
+        by_owner: dict[str, PodView] = {}
+        views: dict[str, JobView] = {}
+        scopes: list[str | None] = [*self.namespaces] or [None]
+        for namespace in scopes:
+            for obj in self.kube.list_jobs(namespace):
+                report.jobs += 1
+                try:
+                    job = self._job_view(obj)
+                except Exception as error:  # one bad object never stops the others
+                    self._count_error(report, obj.get("metadata") or {}, error)
+                    continue
+                jobs.append(job)
+                views[job.uid] = job
+            for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace):
+                report.pods += 1
+                view = PodView.from_object(obj, podspec.MAIN_CONTAINER)
+                if view.owner_uid:
+                    by_owner[view.owner_uid] = view
+        self._views = views
+        return jobs, by_owner
+
+    def _job_view(self, obj: dict[str, Any]) -> JobView:
+        meta = obj.get("metadata") or {}
+        known = self._views.get(meta.get("uid") or "")
+        version = meta.get("resourceVersion")
+        if known is not None and version and known.resource_version == version:
+            return known
+        return JobView.from_object(obj)
 
     def run_cycle(self) -> CycleReport:
         """One full cycle. Raises only when the LISTs themselves fail."""
@@ -141,19 +173,7 @@ class Poller:
             report.skipped = True
             return report
         settings = self.refresh_settings()
-        objects, pods = self._list()
-        report.jobs, report.pods = len(objects), len(pods)
-        by_owner: dict[str, PodView] = {}
-        for obj in pods:
-            view = PodView.from_object(obj, podspec.MAIN_CONTAINER)
-            if view.owner_uid:
-                by_owner[view.owner_uid] = view
-        jobs: list[JobView] = []
-        for obj in objects:
-            try:
-                jobs.append(JobView.from_object(obj))
-            except Exception as error:  # one bad object never stops the others
-                self._count_error(report, obj.get("metadata", {}), error)
+        jobs, by_owner = self._observe(report)
         queue = plan_queue(jobs, by_owner, settings.max_running_jobs)
         progress_budget = settings.progress_reads_per_cycle
         for job in jobs:

@@ -7,10 +7,18 @@ counted in one place (`on_request(verb, resource, code)`, wired to the
 ``lmeval_kube_requests_total`` metric).
 
 Requests go through the client's plumbing (authentication, TLS, pooling)
-but not its typed models: lists are paged (``limit`` + ``continue``) and
-parsed with ``json.loads``, since building models for thousands of objects
+but not its typed models, since building models for thousands of objects
 would cost more than the request itself, and bodies go out as the plain
-dicts the pure layers produce.
+dicts the pure layers produce. Lists are paged (``limit`` + ``continue``)
+and handed out page by page, so a cycle never holds more than a page or two
+of raw objects. Each page is parsed straight into the shape the views read
+(`poller.model.JobObject`, `PodObject`): what no view reads, such as
+managedFields and pod specs, is skipped by the parser instead of becoming
+Python objects. As soon as a page's continue token is known, the next page
+is requested on a helper thread, so the apiserver prepares it while this one
+is parsed and used; the pages of one LIST are still requested one after the
+other, and a LIST starts only when the previous one has ended. Other
+responses are parsed with ``json.loads``.
 """
 
 from __future__ import annotations
@@ -19,15 +27,19 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
+from pydantic import TypeAdapter
+from typing_extensions import TypedDict
 
 from poller import api
+from poller.model import JobObject, PodObject
 
 __all__ = ["Conflict", "Kube", "NotFound"]
 
@@ -50,6 +62,52 @@ class Conflict(Exception):
 
 def _noop(verb: str, resource: str, code: str) -> None:
     return None
+
+
+class _JobPage(TypedDict, total=False):
+    metadata: Any
+    items: list[JobObject] | None
+
+
+class _PodPage(TypedDict, total=False):
+    metadata: Any
+    items: list[PodObject] | None
+
+
+class _ListMeta(TypedDict, total=False):
+    metadata: Any
+
+
+# A LIST page parsed in one pass into only the fields the views read; and
+# only its list metadata (the continue token), which a quick pass finds.
+_JOB_PAGE: TypeAdapter[Any] = TypeAdapter(_JobPage)
+_POD_PAGE: TypeAdapter[Any] = TypeAdapter(_PodPage)
+_LIST_META: TypeAdapter[Any] = TypeAdapter(_ListMeta)
+
+
+class _Prefetch:
+    """One request running on a helper thread while the caller works."""
+
+    def __init__(self, fetch: Callable[[str], bytes], token: str) -> None:
+        self._fetch = fetch
+        self._token = token
+        self._data: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kube-list-page", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._data = self._fetch(self._token)
+        except BaseException as error:  # handed to the caller by result()
+            self._error = error
+
+    def result(self) -> bytes:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._data is not None
+        return self._data
 
 
 class Kube:
@@ -103,33 +161,43 @@ class Kube:
 
     # -- reads -----------------------------------------------------------------
 
-    def _list(self, path: str, resource: str, **query: Any) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            page = json.loads(
-                self._request(
-                    "GET",
-                    path,
-                    verb="list",
-                    resource=resource,
-                    query={**query, "limit": PAGE_SIZE, "continue": token},
-                )
+    def _list(
+        self, path: str, resource: str, page: TypeAdapter[Any], **query: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Every item, one page at a time, the next page already on its way."""
+
+        def fetch(token: str | None) -> bytes:
+            return self._request(
+                "GET",
+                path,
+                verb="list",
+                resource=resource,
+                query={**query, "limit": PAGE_SIZE, "continue": token},
             )
-            items += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
 
-    def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every LMEvalJob (in `namespace`, or in all namespaces)."""
-        where = f"/namespaces/{namespace}" if namespace else ""
-        return self._list(f"{_JOBS}{where}/{api.PLURAL}", api.PLURAL)
+        raw = fetch(None)
+        while True:
+            token = (_LIST_META.validate_json(raw).get("metadata") or {}).get("continue")
+            following = _Prefetch(fetch, token) if token else None
+            items: list[dict[str, Any]] = page.validate_json(raw).get("items") or []
+            del raw
+            yield from items
+            del items
+            if following is None:
+                return
+            raw = following.result()
 
-    def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Pods matching `label_selector` (in `namespace`, or in all namespaces)."""
+    def list_jobs(self, namespace: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every LMEvalJob (in `namespace`, or in all namespaces), as `JobObject`s."""
         where = f"/namespaces/{namespace}" if namespace else ""
-        return self._list(f"/api/v1{where}/pods", "pods", labelSelector=label_selector)
+        return self._list(f"{_JOBS}{where}/{api.PLURAL}", api.PLURAL, _JOB_PAGE)
+
+    def list_pods(
+        self, label_selector: str, namespace: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Pods matching `label_selector` (in `namespace`, or everywhere), as `PodObject`s."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list(f"/api/v1{where}/pods", "pods", _POD_PAGE, labelSelector=label_selector)
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data, or None when it does not exist."""

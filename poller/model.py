@@ -4,6 +4,11 @@ The API layer turns raw API objects into these small frozen views; the
 decision function reads only them and returns actions; the actuator carries
 the actions out. Nothing here imports `kubernetes` or does I/O, which is what
 lets every transition be a table-driven unit test.
+
+`JobObject` and `PodObject` name the parts of an API object that the views
+read. LISTs are parsed into exactly that shape (`poller.kube`), so the bulk
+no view needs (managedFields, pod specs, ...) never becomes Python objects:
+a field a view starts reading must be added there too.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
+
+from typing_extensions import TypedDict
 
 from driver.protocol import DecodedLog
 from poller import api
@@ -24,9 +31,11 @@ __all__ = [
     "DeletePod",
     "ExecResults",
     "ExecView",
+    "JobObject",
     "JobView",
     "LogView",
     "PatchStatus",
+    "PodObject",
     "PodView",
     "PostEvent",
     "QueueSlot",
@@ -51,6 +60,54 @@ def parse_time(text: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+# (typing_extensions' TypedDict: pydantic parses into it on Python < 3.12.)
+# Leaves are Any: parsing into these shapes drops keys and turns down nothing
+# an apiserver sends.
+
+
+class ObjectMeta(TypedDict, total=False):
+    """The metadata fields `JobView` and `PodView` read."""
+
+    name: Any
+    namespace: Any
+    uid: Any
+    generation: Any
+    resourceVersion: Any
+    creationTimestamp: Any
+    deletionTimestamp: Any
+    ownerReferences: Any
+
+
+class JobObject(TypedDict, total=False):
+    """The parts of an LMEvalJob that `JobView.from_object` reads."""
+
+    metadata: ObjectMeta
+    spec: Any
+    status: Any
+
+
+class ContainerStatusObject(TypedDict, total=False):
+    """The parts of a container status that `PodView.from_object` reads."""
+
+    name: Any
+    state: Any
+
+
+class PodStatusObject(TypedDict, total=False):
+    phase: Any
+    reason: Any
+    message: Any
+    conditions: Any
+    containerStatuses: list[ContainerStatusObject] | None
+
+
+class PodObject(TypedDict, total=False):
+    """The parts of a Pod that `PodView.from_object` reads."""
+
+    metadata: ObjectMeta
+    status: PodStatusObject
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,11 @@ def serve_log(
 
 
 def terminate(
-    admin_api: client.ApiClient, namespace: str, pod: str, code: int, message: str = "",
+    admin_api: client.ApiClient,
+    namespace: str,
+    pod: str,
+    code: int,
+    message: str = "",
     reason: str = "",
 ) -> None:
     """Make the pod's containers terminate now with `code` (kwok stage)."""

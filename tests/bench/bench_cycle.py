@@ -1,0 +1,1186 @@
+"""Scale benchmark of the polling cycle on the real control plane (a script, not a test).
+
+A polling controller is only acceptable if a cycle costs little more than
+listing the objects, an idle cycle writes nothing, memory stays flat and
+status follows the pods within one interval. This script starts its own
+sandbox control plane (etcd, kube-apiserver, controller-manager, scheduler,
+kwok) in a temporary directory, installs the CRD, the poller's RBAC and its
+settings, creates N LMEvalJobs with their pods on kwok nodes in a mix of
+states, and reports per N:
+
+* **cycle / floor**: wall time of the real poller's cycle (in-process
+  ``Poller.run_cycle`` as the poller's ServiceAccount), median and p95 over
+  idle cycles, against a minimal client that GETs and ``json.loads`` the same
+  LIST pages back to back (the floor the apiserver and JSON impose), measured
+  alternately in the same run. Their ratio of medians is the headline; the
+  floor's time in its GETs alone (no parsing) is reported too.
+* **requests / writes per idle cycle**, from the apiserver's audit log
+  (user ``system:serviceaccount:lmeval-system:lmeval-poller``, one user agent
+  per cycle), for two state mixes.
+* **peak RSS** (``VmHWM``) of the real ``lmeval-poller`` process: one
+  ``--once`` run, which reports its own on exit (``ru_maxrss`` of a child
+  would include the parent's memory at fork), and the service after the
+  latency run.
+* **termination -> Finished latency**, p50 / p99, with the service running
+  as a process at a 5 s poll interval: running pods get the kwok exit
+  annotation at random moments, their log (served by kwok) carries real
+  driver markers with results, and a cheap LIST of the jobs detects the
+  ``Finished`` condition.
+
+Pods are created directly with the poller's deterministic names, labels and
+ownerReferences (``podspec.build_pod``) and a ``nodeName`` on a kwok node;
+finished jobs get their final status written directly; the poller then
+settles the rest (adopts running and pending pods, queues new jobs behind
+``max-running-jobs``) before anything is measured.
+
+Run from the repository root::
+
+    python tests/bench/bench_cycle.py --quick            # N=200, about 2 minutes (CI)
+    python tests/bench/bench_cycle.py --sizes 100,1000,5000,10000 --json out.json
+
+It prints a table and the targets missed; ``--check`` makes a missed target
+exit 1. ``PYTHONPATH=<other checkout>`` runs everything (the in-process
+poller and the poller processes) against another copy of ``poller``.
+
+``--profile DIR`` also writes a pyinstrument profile of one idle cycle per N
+(``pip install pyinstrument`` first; it is not a project dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import platform
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Last, so that PYTHONPATH can point the whole run (and the poller processes
+# it starts) at another checkout of `poller`, e.g. to measure "before" figures.
+sys.path.append(str(REPO_ROOT))
+
+from driver import protocol  # noqa: E402
+from poller import api, podspec  # noqa: E402
+from poller.crd import CRD_PATH  # noqa: E402
+from poller.cycle import MANAGED_SELECTOR, Poller  # noqa: E402
+from poller.kube import PAGE_SIZE, Kube  # noqa: E402
+from poller.sandbox import kwok  # noqa: E402
+from poller.sandbox.controlplane import ControlPlane  # noqa: E402
+from poller.sandbox.identities import api_client, service_account_kubeconfig  # noqa: E402
+from poller.settings import CONFIGMAP_NAME, Settings  # noqa: E402
+
+POLLER_NS = "lmeval-system"
+POLLER_SA = "lmeval-poller"
+POLLER_USER = f"system:serviceaccount:{POLLER_NS}:{POLLER_SA}"
+JOBS_API = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
+JOBS_LIST = f"{JOBS_API}/{api.PLURAL}"
+PODS_LIST = "/api/v1/pods"
+KWOK_API = "/apis/kwok.x-k8s.io/v1alpha1"
+NAMESPACES = 10  # jobs are spread over this many namespaces (teams)
+LATENCY_LABEL = "bench.lmeval.io/latency"
+
+# One character per job, repeated every 20 jobs: C Complete/Succeeded,
+# F Complete/Failed, R Running, S Scheduled (pod Pending), N New (queued).
+MIXES = {
+    # A cluster that has been in use for a while: mostly history.
+    "steady": "CCCCCCCCCCCCFFRRSSNN",  # 70 % complete, 10 % each of the rest
+    # A busy moment: most jobs in flight.
+    "busy": "CCCCFRRRRRRRSSSSNNNN",  # 25 % complete, 35 % running, 20 %, 20 %
+}
+STATE_OF = {"C": "Complete", "F": "Complete", "R": "Running", "S": "Scheduled", "N": "New"}
+
+BASE_SETTINGS = {
+    "pod-image": "registry.example/lmeval-job:bench",
+    "poll-interval": "5s",
+    # Pending pods stay pending for the whole run; they must not time out.
+    "pod-pending-timeout": "24h",
+    # Every running job's log is read once while settling; after that no
+    # progress read is due during the measured idle cycles.
+    "progress-interval": "1h",
+}
+# `lmeval-poller --once`, then its own peak RSS written to the file named last.
+ONCE_WRAPPER = """\
+import re, sys
+from pathlib import Path
+from poller.__main__ import main
+report = sys.argv.pop()
+code = main(sys.argv[1:])
+status = Path("/proc/self/status").read_text()
+Path(report).write_text(str(int(re.search(r"VmHWM:\\s+(\\d+)", status).group(1)) / 1024))
+sys.exit(code)
+"""
+SERVICE_WRAPPER = "import sys; from poller.__main__ import main; sys.exit(main())"
+POD_SETTINGS = Settings.model_validate({"pod-image": BASE_SETTINGS["pod-image"]})
+
+
+# -- small HTTP client ------------------------------------------------------------
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, body: bytes, what: str) -> None:
+        super().__init__(f"{what}: HTTP {status}: {body[:300]!r}")
+        self.status = status
+
+
+class Http:
+    """A minimal keep-alive JSON client (client certificate or bearer token)."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        ca: Path,
+        cert: Path | None = None,
+        key: Path | None = None,
+        token: str | None = None,
+        maxsize: int = 4,
+        user_agent: str = "bench-cycle",
+    ) -> None:
+        self.server = server
+        self.pool = urllib3.PoolManager(
+            num_pools=2,
+            maxsize=maxsize,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=str(ca),
+            cert_file=str(cert) if cert else None,
+            key_file=str(key) if key else None,
+        )
+        self.headers = {"Accept": "application/json", "User-Agent": user_agent}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        retries: int = 5,
+    ) -> bytes:
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        url = self.server + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        headers = dict(self.headers)
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        for attempt in range(retries + 1):
+            try:
+                response = self.pool.request(
+                    method, url, body=data, headers=headers, timeout=120, retries=False
+                )
+            except urllib3.exceptions.HTTPError:
+                if attempt == retries:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            if response.status in (429, 500, 502, 503, 504) and attempt < retries:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            if not 200 <= response.status <= 299:
+                raise HttpError(response.status, response.data, f"{method} {path}")
+            return bytes(response.data)
+        raise AssertionError("unreachable")
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return json.loads(self.request(method, path, **kwargs))
+
+    def list_all(self, path: str, **query: Any) -> Iterable[dict[str, Any]]:
+        token: str | None = None
+        while True:
+            page = self.json("GET", path, query={**query, "limit": 500, "continue": token})
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+
+def admin_http(plane: ControlPlane, maxsize: int = 32) -> Http:
+    pki = plane.pki
+    assert pki is not None
+    return Http(
+        plane.server, ca=pki.ca_cert, cert=pki.admin.cert, key=pki.admin.key, maxsize=maxsize
+    )
+
+
+def kubeconfig_token(path: Path) -> str:
+    config = yaml.safe_load(path.read_text())
+    return str(config["users"][0]["user"]["token"])
+
+
+# -- statistics ------------------------------------------------------------------
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (p99 of 50 samples is the largest)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(values) if values else math.nan,
+        "p95": percentile(values, 0.95),
+        "p99": percentile(values, 0.99),
+        "max": max(values) if values else math.nan,
+        "samples": [round(v, 4) for v in values],
+    }
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- what the jobs look like ---------------------------------------------------------
+
+
+TASKS = ("arc_easy", "hellaswag")
+
+
+def job_spec(index: int) -> dict[str, Any]:
+    return {
+        "model": "hf",
+        "modelArgs": [
+            {"name": "pretrained", "value": f"org/model-{index % 7}b"},
+            {"name": "dtype", "value": "bfloat16"},
+        ],
+        "tasks": list(TASKS),
+        "numFewShot": 5,
+        "limit": "200",
+        "batchSize": "auto:4",
+        "logSamples": index % 3 == 0,
+        "pod": {"resources": {"requests": {"cpu": "2", "memory": "8Gi"}}},
+        "labels": {"team": f"team-{index % 4}"},
+    }
+
+
+def fake_results(index: int) -> dict[str, Any]:
+    """An lm_eval 0.4 results document of realistic shape (about 6 KB as JSON)."""
+    rng = random.Random(index)
+    results: dict[str, Any] = {}
+    configs: dict[str, Any] = {}
+    for task in TASKS:
+        acc, norm = rng.random(), rng.random()
+        results[task] = {
+            "alias": task,
+            "acc,none": acc,
+            "acc_stderr,none": rng.random() / 50,
+            "acc_norm,none": norm,
+            "acc_norm_stderr,none": rng.random() / 50,
+        }
+        configs[task] = {
+            "task": task,
+            "tag": ["multiple_choice", "ai2_arc" if "arc" in task else "hellaswag"],
+            "dataset_path": f"allenai/{task}",
+            "dataset_name": None,
+            "training_split": "train",
+            "validation_split": "validation",
+            "test_split": "test",
+            "doc_to_text": "Question: {{question}}\nAnswer:",
+            "doc_to_target": "{{choices.label.index(answerKey)}}",
+            "doc_to_choice": "{{choices.text}}",
+            "description": "",
+            "target_delimiter": " ",
+            "fewshot_delimiter": "\n\n",
+            "num_fewshot": 5,
+            "metric_list": [
+                {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+            ],
+            "output_type": "multiple_choice",
+            "repeats": 1,
+            "should_decontaminate": True,
+            "doc_to_decontamination_query": "Question: {{question}}\nAnswer:",
+            "metadata": {"version": 1.0, "pretrained": f"org/model-{index % 7}b"},
+        }
+    return {
+        "results": results,
+        "group_subtasks": {task: [] for task in TASKS},
+        "configs": configs,
+        "versions": dict.fromkeys(TASKS, 1.0),
+        "n-shot": dict.fromkeys(TASKS, 5),
+        "higher_is_better": {task: {"acc": True, "acc_norm": True} for task in TASKS},
+        "n-samples": {task: {"original": 2376, "effective": 200} for task in TASKS},
+        "config": {
+            "model": "hf",
+            "model_args": f"pretrained=org/model-{index % 7}b,dtype=bfloat16",
+            "batch_size": "auto:4",
+            "batch_sizes": [32],
+            "device": "cuda",
+            "use_cache": None,
+            "limit": 200.0,
+            "bootstrap_iters": 100000,
+            "gen_kwargs": None,
+            "random_seed": 0,
+            "numpy_seed": 1234,
+            "torch_seed": 1234,
+            "fewshot_seed": 1234,
+        },
+        "git_hash": None,
+        "date": 1.7e9 + index,
+        "pretty_env_info": "PyTorch version: 2.5.1\nIs debug build: False\nCUDA used to build "
+        "PyTorch: 12.4\nOS: Red Hat Enterprise Linux 9.4 (x86_64)\nPython version: 3.11.9\n"
+        "GPU models and configuration: GPU 0: NVIDIA A100-SXM4-80GB\nNvidia driver version: "
+        "550.54.15\n[pip3] numpy==1.26.4\n[pip3] torch==2.5.1\n[pip3] triton==3.1.0",
+        "transformers_version": "4.46.3",
+        "lm_eval_version": "0.4.13",
+        "upper_git_hash": None,
+        "task_hashes": {task: f"{rng.getrandbits(256):064x}" for task in TASKS},
+        "model_source": "hf",
+        "model_name": f"org/model-{index % 7}b",
+        "model_name_sanitized": f"org__model-{index % 7}b",
+        "total_evaluation_time_seconds": f"{rng.uniform(300, 3000):.4f}",
+    }
+
+
+def stamp(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def final_status(index: int, pod: str, name: str, failed: bool) -> dict[str, Any]:
+    """The status the poller leaves on a finished job (validated by its own model)."""
+    now = dt.datetime.now(dt.UTC)
+    begun, ended = stamp(now - dt.timedelta(minutes=40)), stamp(now - dt.timedelta(minutes=5))
+
+    def condition(kind: str, status: bool, reason: str, message: str, when: str) -> dict[str, Any]:
+        return {
+            "type": kind,
+            "status": "True" if status else "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": when,
+            "observedGeneration": 1,
+        }
+
+    reason = "Failed" if failed else "Succeeded"
+    message = (
+        "exit code 1: RuntimeError: CUDA error: out of memory"
+        if failed
+        else f"evaluation finished: {', '.join(sorted(TASKS))}"
+    )
+    status: dict[str, Any] = {
+        "state": "Complete",
+        "reason": reason,
+        "message": message,
+        "podName": pod,
+        "lastScheduleTime": begun,
+        "startTime": begun,
+        "completeTime": ended,
+        "progress": {
+            "percent": 100.0 if not failed else 37.0,
+            "phase": "loglikelihood",
+            "line": "100% loglikelihood (1600/1600)" if not failed else "37% loglikelihood",
+            "updateTime": ended,
+        },
+        "conditions": [
+            condition("Scheduled", True, "PodCreated", f"pod {pod} created", begun),
+            condition("Running", False, "Finished", message, ended),
+            condition("Finished", True, reason, message, ended),
+            condition("Succeeded", not failed, reason, message, ended),
+        ],
+        "observedGeneration": 1,
+    }
+    if not failed:
+        status.update(
+            results=json.dumps(fake_results(index), separators=(",", ":"), sort_keys=True),
+            resultsReduced=False,
+            resultsConfigMap=f"{name}-results",
+            resultsSource="log",
+        )
+    api.LMEvalJobStatus.model_validate(status)  # exactly what the poller could have written
+    return status
+
+
+def driver_log() -> str:
+    """A successful run's pod log: lm_eval noise and the driver's real markers."""
+    results = json.dumps(fake_results(0), indent=1, sort_keys=True).encode()
+    run_id = "bench-run"
+    lines = [
+        protocol.encode_marker(
+            "started", run_id=run_id, driver_version="0.1.0", lm_eval_version="0.4.13"
+        ),
+        "2025-01-01:00:00:00 INFO [__main__:440] Selected Tasks: ['arc_easy', 'hellaswag']",
+        "2025-01-01:00:00:01 INFO [evaluator:180] Setting random seed to 0",
+        *[
+            protocol.encode_marker(
+                "progress",
+                run_id=run_id,
+                percent=float(p),
+                phase="loglikelihood",
+                n=p * 16,
+                total=1600,
+            )
+            for p in (10, 40, 70, 100)
+        ],
+        "|  Tasks  |Version|Filter|n-shot| Metric |   |Value|   |Stderr|",
+        *protocol.encode_results(results, run_id),
+        protocol.encode_marker(
+            "completed",
+            run_id=run_id,
+            exit_code=0,
+            message="lm_eval completed",
+            duration=1234.5,
+            results_path="/outputs/run/results.json",
+        ),
+    ]
+    return kwok.cri_log_lines(lines)
+
+
+# -- the cluster ------------------------------------------------------------------
+
+
+@dataclass
+class Population:
+    """The jobs created so far, by mix, and what their pods should show."""
+
+    mix: str
+    prefix: str
+    count: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    def namespaces(self) -> list[str]:
+        return [f"{self.prefix}-{k:02d}" for k in range(NAMESPACES)]
+
+    def slots(self) -> int:
+        """Jobs whose pod is not finished: max-running-jobs is set to this, so
+        New jobs stay queued (and idle) instead of being started."""
+        return self.kinds["R"] + self.kinds["S"]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.plane = ControlPlane(workdir / "plane", kwok_nodes=args.nodes)
+        self.rng = random.Random(args.seed)
+        self.results: list[dict[str, Any]] = []
+        self.settings: dict[str, str] = dict(BASE_SETTINGS)
+
+    # -- setup --------------------------------------------------------------------
+
+    def start(self) -> None:
+        started = time.monotonic()
+        self.plane.start()
+        log(f"control plane up in {time.monotonic() - started:.1f} s ({self.plane.workdir})")
+        self.admin = admin_http(self.plane, maxsize=self.args.workers * 2)
+        self.plane.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+        for manifest in ("namespace.yaml", "rbac.yaml"):
+            self.plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / manifest))
+        self.plane.kubectl(
+            "wait", "--for=condition=Established", f"crd/{api.PLURAL}.{api.API_GROUP}"
+        )
+        self.sa_kubeconfig = service_account_kubeconfig(self.plane, POLLER_NS, POLLER_SA)
+        token = kubeconfig_token(self.sa_kubeconfig)
+        assert self.plane.pki is not None
+        self.floor_http = Http(
+            self.plane.server,
+            ca=self.plane.pki.ca_cert,
+            token=token,
+            maxsize=1,
+            user_agent="bench-floor",
+        )
+        self.poller_api = api_client(self.sa_kubeconfig)
+        self.poller = Poller(Kube(self.poller_api), settings_namespace=POLLER_NS)
+        log_file = self.workdir / "driver-run.log"
+        log_file.write_text(driver_log())
+        # One ClusterLogs serves the same driver log for every pod: progress
+        # for running pods, results for finished ones.
+        self.admin.request(
+            "POST",
+            f"{KWOK_API}/clusterlogs",
+            body={
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "ClusterLogs",
+                "metadata": {"name": "bench-driver-log"},
+                "spec": {"selector": {}, "logs": [{"logsFile": str(log_file), "follow": False}]},
+            },
+        )
+        self.put_settings()
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.poller_api.close()
+        self.plane.stop()
+
+    def put_settings(self, **changes: str) -> None:
+        self.settings.update(changes)
+        path = f"/api/v1/namespaces/{POLLER_NS}/configmaps"
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP_NAME, "namespace": POLLER_NS},
+            "data": self.settings,
+        }
+        try:
+            self.admin.request("PUT", f"{path}/{CONFIGMAP_NAME}", body=body)
+        except HttpError as error:
+            if error.status != 404:
+                raise
+            self.admin.request("POST", path, body=body)
+
+    def make_namespace(self, name: str) -> None:
+        with contextlib.suppress(HttpError):
+            self.admin.request(
+                "POST", "/api/v1/namespaces", body={"metadata": {"name": name}}, retries=0
+            )
+        # The rights-free job ServiceAccount the pods name (admission checks it exists).
+        with contextlib.suppress(HttpError):
+            self.admin.request(
+                "POST",
+                f"/api/v1/namespaces/{name}/serviceaccounts",
+                body={"metadata": {"name": "lmeval-job"}, "automountServiceAccountToken": False},
+                retries=0,
+            )
+
+    def delete_namespaces(self, names: list[str], timeout: float = 600) -> None:
+        for name in names:
+            with contextlib.suppress(HttpError):
+                self.admin.request("DELETE", f"/api/v1/namespaces/{name}")
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while time.monotonic() < deadline:
+                try:
+                    self.admin.request("GET", f"/api/v1/namespaces/{name}", retries=0)
+                except HttpError as error:
+                    if error.status == 404:
+                        break
+                    raise
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"namespace {name} still there after {timeout:.0f} s")
+
+    # -- population -------------------------------------------------------------
+
+    def create_job(
+        self, namespace: str, name: str, index: int, kind: str, labels: dict[str, str] | None = None
+    ) -> str:
+        """One job, its pod (unless New) and, when finished, its final status."""
+        body = {
+            "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+            "kind": api.KIND,
+            "metadata": {"name": name, "labels": labels or {}},
+            "spec": job_spec(index),
+        }
+        path = f"{JOBS_API}/namespaces/{namespace}/{api.PLURAL}"
+        try:
+            created = self.admin.json("POST", path, body=body)
+        except HttpError as error:
+            if error.status != 409:  # a retried POST that had gone through
+                raise
+            created = self.admin.json("GET", f"{path}/{name}")
+        uid = created["metadata"]["uid"]
+        if kind == "N":
+            return uid
+        manifest = podspec.build_pod(
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            spec=api.LMEvalJobSpec.model_validate(body["spec"]),
+            settings=POD_SETTINGS,
+        )
+        # Bound at creation: the scheduler (50 binds/s by default) stays out of
+        # the way of setting up thousands of pods; the poller never looks.
+        manifest["spec"]["nodeName"] = f"kwok-node-{index % self.args.nodes}"
+        annotations = manifest["metadata"].setdefault("annotations", {})
+        if kind == "C":
+            annotations[kwok.ANNOTATION_EXIT_CODE] = "0"
+        elif kind == "F":
+            annotations[kwok.ANNOTATION_EXIT_CODE] = "1"
+            annotations[kwok.ANNOTATION_EXIT_MESSAGE] = "RuntimeError: CUDA error: out of memory"
+        elif kind == "S":
+            annotations[kwok.ANNOTATION_WAITING_REASON] = "ContainerCreating"
+        try:
+            self.admin.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=manifest)
+        except HttpError as error:
+            if error.status != 409:
+                raise
+        if kind in "CF":
+            status = final_status(index, manifest["metadata"]["name"], name, failed=kind == "F")
+            self.admin.request(
+                "PATCH",
+                f"{path}/{name}/status",
+                body={"status": status},
+                content_type="application/merge-patch+json",
+            )
+        return uid
+
+    def populate(self, population: Population, target: int) -> float:
+        """Grow `population` to `target` jobs; returns the seconds it took."""
+        pattern = MIXES[population.mix]
+        for namespace in population.namespaces():
+            self.make_namespace(namespace)
+        started = time.monotonic()
+        indices = range(population.count, target)
+
+        def one(index: int) -> str:
+            kind = pattern[index % len(pattern)]
+            namespace = f"{population.prefix}-{(index // len(pattern)) % NAMESPACES:02d}"
+            self.create_job(namespace, f"eval-{index:05d}", index, kind)
+            return kind
+
+        done = 0
+        with concurrent.futures.ThreadPoolExecutor(self.args.workers) as pool:
+            for kind in pool.map(one, indices):
+                population.kinds[kind] += 1
+                done += 1
+                if done % 1000 == 0:
+                    log(f"  created {done}/{len(indices)} jobs")
+        population.count = target
+        return time.monotonic() - started
+
+    def pod_states(self) -> Counter[str]:
+        """terminated / running / waiting / other, over every managed pod."""
+        states: Counter[str] = Counter()
+        for pod in self.admin.list_all(PODS_LIST, labelSelector=MANAGED_SELECTOR):
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            state = (statuses[0].get("state") or {}) if statuses else {}
+            states[next(iter(state), "other")] += 1
+        return states
+
+    def wait_for_kwok(self, population: Population, timeout: float) -> float:
+        """Until every pod shows what its job's kind says (kwok works through them)."""
+        want = Counter(
+            terminated=population.kinds["C"] + population.kinds["F"],
+            running=population.kinds["R"],
+            waiting=population.kinds["S"],
+        )
+        started = time.monotonic()
+        deadline = started + timeout
+        while True:
+            seen = self.pod_states()
+            if all(seen[k] == v for k, v in want.items()):
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                raise AssertionError(f"kwok did not catch up: want {dict(want)}, see {dict(seen)}")
+            time.sleep(2)
+
+    def settle(self, max_cycles: int = 40) -> int:
+        """Poller cycles until one writes nothing; returns the cycles run."""
+        # Read every running job's progress once, now, not during the measurements.
+        self.put_settings(**{"progress-reads-per-cycle": "1000000"})
+        try:
+            for cycle in range(1, max_cycles + 1):
+                self.poller.kube.api_client.user_agent = "lmeval-poller/bench-settle"
+                report = self.poller.run_cycle()
+                log(
+                    f"  settle cycle {cycle}: {report.jobs} jobs, {report.pods} pods, "
+                    f"{report.patches} patches, {report.pods_created} pods created, "
+                    f"{report.errors} errors, {report.duration:.2f} s"
+                )
+                if report.errors:
+                    for message in report.error_messages[:3]:
+                        log(f"    error: {message}")
+                if not report.patches and not report.pods_created and not report.errors:
+                    return cycle
+        finally:
+            self.put_settings(**{"progress-reads-per-cycle": "50"})
+        raise AssertionError(f"the poller did not settle in {max_cycles} cycles")
+
+    # -- measurements -----------------------------------------------------------
+
+    def floor(self) -> tuple[float, float, int]:
+        """GET + json.loads of every LIST page a cycle reads, back to back.
+
+        Returns (total seconds, seconds spent in GETs alone, pages).
+        """
+        started = time.perf_counter()
+        fetching = 0.0
+        pages = 0
+        for path, query in (
+            (JOBS_LIST, {}),
+            (PODS_LIST, {"labelSelector": MANAGED_SELECTOR}),
+        ):
+            token: str | None = None
+            while True:
+                begun = time.perf_counter()
+                raw = self.floor_http.request(
+                    "GET", path, query={**query, "limit": PAGE_SIZE, "continue": token}
+                )
+                fetching += time.perf_counter() - begun
+                page = json.loads(raw)
+                pages += 1
+                token = (page.get("metadata") or {}).get("continue")
+                del raw, page
+                if not token:
+                    break
+        return time.perf_counter() - started, fetching, pages
+
+    def idle_cycles(self, count: int, tag: str) -> dict[str, Any]:
+        cycle_times: list[float] = []
+        floor_times: list[float] = []
+        fetch_times: list[float] = []
+        agents: list[str] = []
+        floor_pages = 0
+        # One warm-up of each (connections, caches), not counted.
+        self.floor()
+        self.poller.run_cycle()
+        mark = self.plane.audit.mark()
+        reports = []
+        for k in range(count):
+            # Alternate the order so neither side always runs right after the other.
+            order = ("floor", "cycle") if k % 2 == 0 else ("cycle", "floor")
+            for which in order:
+                if which == "floor":
+                    seconds, fetching, floor_pages = self.floor()
+                    floor_times.append(seconds)
+                    fetch_times.append(fetching)
+                    continue
+                agent = f"lmeval-poller/bench-{tag}-idle-{k}"
+                agents.append(agent)
+                self.poller.kube.api_client.user_agent = agent
+                started = time.perf_counter()
+                report = self.poller.run_cycle()
+                cycle_times.append(time.perf_counter() - started)
+                reports.append(report)
+        calls = self.audit_calls(mark, set(agents))
+        per_cycle = [calls.get(agent, []) for agent in agents]
+        last = reports[-1]
+        return {
+            "jobs": last.jobs,
+            "pods": last.pods,
+            "patches": sum(r.patches for r in reports),
+            "errors": sum(r.errors for r in reports),
+            "cycle": summary(cycle_times),
+            "floor": summary(floor_times),
+            "fetch": summary(fetch_times),
+            "ratio": statistics.median(cycle_times) / statistics.median(floor_times),
+            "ratio_fetch": statistics.median(cycle_times) / statistics.median(fetch_times),
+            "floor_pages": floor_pages,
+            "requests_per_cycle": [len(c) for c in per_cycle],
+            "lists_per_cycle": [sum(1 for x in c if x.verb == "list") for c in per_cycle],
+            "writes_per_cycle": [sum(1 for x in c if x.is_write) for c in per_cycle],
+            "calls_first_cycle": sorted(
+                Counter(
+                    f"{x.verb} {x.resource}{'/' + x.subresource if x.subresource else ''}"
+                    for x in per_cycle[0]
+                ).items()
+            ),
+        }
+
+    def audit_calls(self, mark: int, agents: set[str], timeout: float = 10) -> dict[str, list[Any]]:
+        """The poller's audited calls after `mark`, by user agent (waits for the log)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            grouped: dict[str, list[Any]] = {}
+            for call in self.plane.audit.calls_by(POLLER_USER, since=mark):
+                if call.user_agent in agents:
+                    grouped.setdefault(call.user_agent, []).append(call)
+            if set(grouped) >= agents or time.monotonic() > deadline:
+                return grouped
+            time.sleep(0.2)
+
+    def poller_argv(self, *extra: str) -> list[str]:
+        return [
+            sys.executable,
+            "-c",
+            ONCE_WRAPPER if "--once" in extra else SERVICE_WRAPPER,
+            "--kubeconfig",
+            str(self.sa_kubeconfig),
+            "--settings-namespace",
+            POLLER_NS,
+            "--metrics-port",
+            "0",
+            *extra,
+        ]
+
+    def rss_once(self) -> dict[str, Any]:
+        """Peak RSS (VmHWM) and wall time of one ``lmeval-poller --once`` process.
+
+        ``ru_maxrss`` of a child would be wrong here: Linux carries the
+        parent's high-water mark across fork and exec. The child reports its
+        own VmHWM (per address space, so it starts afresh at exec) on exit.
+        """
+        report = self.workdir / "once-vmhwm.txt"
+        started = time.perf_counter()
+        with (self.workdir / "poller-once.log").open("ab") as out:
+            proc = subprocess.run(
+                [*self.poller_argv("--once", "--identity", "bench-once"), str(report)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                check=False,
+            )
+        return {
+            "rss_mib": float(report.read_text()) if report.exists() else math.nan,
+            "seconds": time.perf_counter() - started,
+            "exit_code": proc.returncode,
+        }
+
+    def latency(self, tag: str, population: Population) -> dict[str, Any]:
+        """Terminate running pods at random moments; time until their job is Finished."""
+        count, interval = self.args.latency_jobs, self.args.interval
+        namespace = f"bench-latency-{tag}"
+        self.make_namespace(namespace)
+        self.put_settings(**{"poll-interval": f"{interval:g}s"})
+        log_path = self.workdir / f"poller-service-{tag}.log"
+        out = log_path.open("ab")
+        service = subprocess.Popen(
+            self.poller_argv("--identity", f"bench-service-{tag}"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+        )
+        out.close()
+        try:
+            names = [f"latency-{k:03d}" for k in range(count)]
+            with concurrent.futures.ThreadPoolExecutor(self.args.workers) as pool:
+                list(
+                    pool.map(
+                        lambda k: self.create_job(
+                            namespace, names[k], 100_000 + k, "R", {LATENCY_LABEL: tag}
+                        ),
+                        range(count),
+                    )
+                )
+            pods = {
+                name: podspec.pod_name(name, uid)
+                for name, uid in (
+                    (job["metadata"]["name"], job["metadata"]["uid"])
+                    for job in self.admin.list_all(
+                        f"{JOBS_API}/namespaces/{namespace}/{api.PLURAL}"
+                    )
+                )
+            }
+
+            def states() -> dict[str, dict[str, Any]]:
+                page = self.admin.json("GET", f"{JOBS_API}/namespaces/{namespace}/{api.PLURAL}")
+                return {j["metadata"]["name"]: j.get("status") or {} for j in page["items"]}
+
+            deadline = time.monotonic() + 60 + 10 * interval
+            while not all(s.get("state") == "Running" for s in states().values()):
+                if time.monotonic() > deadline or service.poll() is not None:
+                    raise AssertionError(f"latency jobs not Running: {states()}")
+                time.sleep(0.5)
+            log(
+                f"  {count} latency jobs Running; terminating their pods over "
+                f"{self.args.spread:g} s"
+            )
+            terminated: dict[str, float] = {}
+            finished: dict[str, float] = {}
+            stop = threading.Event()
+
+            def watch() -> None:
+                while not stop.is_set():
+                    now = time.time()
+                    for name, status in states().items():
+                        if name in finished or name not in terminated:
+                            continue
+                        conditions = status.get("conditions") or []
+                        if any(
+                            c["type"] == "Finished" and c["status"] == "True" for c in conditions
+                        ):
+                            finished[name] = now
+                    time.sleep(0.1)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            offsets = sorted(self.rng.uniform(0, self.args.spread) for _ in names)
+            begin = time.monotonic()
+            for name, offset in zip(names, offsets, strict=True):
+                time.sleep(max(0.0, begin + offset - time.monotonic()))
+                terminated[name] = time.time()
+                self.admin.request(
+                    "PATCH",
+                    f"/api/v1/namespaces/{namespace}/pods/{pods[name]}",
+                    body={"metadata": {"annotations": {kwok.ANNOTATION_EXIT_CODE: "0"}}},
+                    content_type="application/merge-patch+json",
+                )
+            deadline = time.monotonic() + 60 + 6 * interval
+            while len(finished) < count and time.monotonic() < deadline:
+                time.sleep(0.2)
+            stop.set()
+            watcher.join()
+            vm_hwm = read_vm_hwm(service.pid)
+            final = states()
+            outcomes = Counter(f"{s.get('state')}/{s.get('reason')}" for s in final.values())
+        finally:
+            service.send_signal(signal.SIGTERM)
+            try:
+                service.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                service.kill()
+                service.wait()
+        latencies = [finished[n] - terminated[n] for n in names if n in finished]
+        cycles = service_cycle_times(log_path)
+        self.delete_namespaces([namespace])
+        self.put_settings(**{"poll-interval": BASE_SETTINGS["poll-interval"]})
+        return {
+            "jobs": count,
+            "finished": len(latencies),
+            "outcomes": dict(outcomes),
+            "interval": interval,
+            "latency": summary(latencies),
+            "service_cycle": summary(cycles),
+            "service_vm_hwm_mib": vm_hwm,
+            "service_exit_code": service.returncode,
+        }
+
+    # -- one size -------------------------------------------------------------
+
+    def measure(self, population: Population, target: int, full: bool) -> dict[str, Any]:
+        tag = f"{population.mix}-{target}"
+        log(f"== {population.mix} mix, N={target}: creating {target - population.count} jobs")
+        created = self.populate(population, target)
+        self.put_settings(**{"max-running-jobs": str(population.slots())})
+        log(f"  created in {created:.1f} s; waiting for kwok")
+        kwok_wait = self.wait_for_kwok(population, timeout=120 + target / 10)
+        log(f"  kwok caught up after {kwok_wait:.1f} s more; settling")
+        settle_cycles = self.settle()
+        result: dict[str, Any] = {
+            "mix": population.mix,
+            "n": target,
+            "kinds": {
+                STATE_OF[k] + ("/Failed" if k == "F" else ""): v
+                for k, v in sorted(population.kinds.items())
+            },
+            "populate_seconds": round(created, 1),
+            "kwok_wait_seconds": round(kwok_wait, 1),
+            "settle_cycles": settle_cycles,
+        }
+        result.update(self.idle_cycles(self.args.cycles, tag))
+        log(
+            f"  idle: cycle {result['cycle']['median']:.3f} s, floor "
+            f"{result['floor']['median']:.3f} s, ratio {result['ratio']:.2f}, requests "
+            f"{result['requests_per_cycle']}, writes {sum(result['writes_per_cycle'])}"
+        )
+        if self.args.profile:
+            result["profile"] = self.profile(tag)
+        if full:
+            result["once"] = self.rss_once()
+            log(f"  --once: {result['once']['rss_mib']:.0f} MiB, {result['once']['seconds']:.1f} s")
+            if self.args.latency_jobs:
+                result["latency"] = self.latency(tag, population)
+                lat = result["latency"]
+                log(
+                    f"  latency p50 {lat['latency']['median']:.2f} s, p99 "
+                    f"{lat['latency']['p99']:.2f} s ({lat['finished']}/{lat['jobs']}), service "
+                    f"{lat['service_vm_hwm_mib']:.0f} MiB"
+                )
+        self.results.append(result)
+        return result
+
+    def profile(self, tag: str) -> str:
+        from pyinstrument import Profiler  # optional: pip install pyinstrument
+
+        profiler = Profiler(interval=0.0005)
+        profiler.start()
+        self.poller.run_cycle()
+        profiler.stop()
+        directory = Path(self.args.profile)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"cycle-{tag}.txt"
+        path.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+        return str(path)
+
+
+def read_vm_hwm(pid: int) -> float:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return math.nan
+    match = re.search(r"^VmHWM:\s+(\d+) kB", text, re.MULTILINE)
+    return int(match.group(1)) / 1024 if match else math.nan
+
+
+def service_cycle_times(path: Path) -> list[float]:
+    pattern = re.compile(r"cycle: .* in ([0-9.]+) s")
+    return [float(m.group(1)) for m in pattern.finditer(path.read_text(errors="replace"))]
+
+
+# -- output ----------------------------------------------------------------------
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(results: list[dict[str, Any]], interval: float) -> str:
+    header = [
+        "mix", "N", "pods", "cycle p50", "cycle p95", "floor p50", "floor p95", "ratio",
+        "GETs p50", "cyc/GETs", "req/cycle", "lists", "writes", "RSS once", "RSS svc",
+        "lat p50", "lat p99",
+    ]  # fmt: skip
+    rows = [header]
+    for r in results:
+        lat = r.get("latency") or {}
+        rows.append(
+            [
+                r["mix"],
+                str(r["n"]),
+                str(r["pods"]),
+                fmt(r["cycle"]["median"], 3),
+                fmt(r["cycle"]["p95"], 3),
+                fmt(r["floor"]["median"], 3),
+                fmt(r["floor"]["p95"], 3),
+                fmt(r["ratio"]),
+                fmt(r["fetch"]["median"], 3),
+                fmt(r["ratio_fetch"]),
+                "/".join(sorted({str(x) for x in r["requests_per_cycle"]})),
+                "/".join(sorted({str(x) for x in r["lists_per_cycle"]})),
+                str(sum(r["writes_per_cycle"])),
+                fmt((r.get("once") or {}).get("rss_mib"), 0),
+                fmt(lat.get("service_vm_hwm_mib"), 0),
+                fmt((lat.get("latency") or {}).get("median")),
+                fmt((lat.get("latency") or {}).get("p99")),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [
+        "",
+        "seconds except RSS (MiB); ratio = cycle p50 / floor p50 (target <= 1.5);",
+        "GETs = the floor's time in its GETs alone (no parsing); cyc/GETs = cycle p50 / GETs p50;",
+        "req/cycle, lists, writes: per idle cycle from the audit log (target: 0 writes);",
+        f"RSS target <= 150 MiB at N=10000; latency target p99 <= {interval + 2:g} s "
+        f"(interval {interval:g} s + 2 s).",
+    ]
+    return "\n".join(lines + notes)
+
+
+def targets(results: list[dict[str, Any]], interval: float) -> list[str]:
+    missed = []
+    for r in results:
+        where = f"{r['mix']} N={r['n']}"
+        if r["ratio"] > 1.5:
+            missed.append(f"{where}: ratio {r['ratio']:.2f} > 1.5")
+        if any(r["writes_per_cycle"]):
+            missed.append(f"{where}: idle cycles wrote {r['writes_per_cycle']}")
+        if len(set(r["requests_per_cycle"])) != 1:
+            missed.append(f"{where}: requests per idle cycle vary: {r['requests_per_cycle']}")
+        rss = (r.get("once") or {}).get("rss_mib")
+        if r["n"] >= 10000 and rss is not None and rss > 150:
+            missed.append(f"{where}: --once RSS {rss:.0f} MiB > 150")
+        lat = r.get("latency")
+        if lat:
+            svc = lat.get("service_vm_hwm_mib")
+            if r["n"] >= 10000 and svc is not None and svc > 150:
+                missed.append(f"{where}: service RSS {svc:.0f} MiB > 150")
+            if lat["finished"] < lat["jobs"]:
+                missed.append(f"{where}: only {lat['finished']}/{lat['jobs']} jobs Finished")
+            elif lat["latency"]["p99"] > interval + 2:
+                missed.append(f"{where}: latency p99 {lat['latency']['p99']:.2f} s")
+    # Independent of states: both mixes at one N need the same requests.
+    by_n: dict[int, set[tuple[int, ...]]] = {}
+    for r in results:
+        by_n.setdefault(r["n"], set()).add(tuple(sorted(set(r["requests_per_cycle"]))))
+    for n, variants in sorted(by_n.items()):
+        if len(variants) > 1:
+            missed.append(f"N={n}: requests per idle cycle differ between mixes: {variants}")
+    return missed
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="100,1000,5000,10000", help="N values, ascending")
+    parser.add_argument("--quick", action="store_true", help="N=200 only, both mixes (CI)")
+    parser.add_argument(
+        "--second-mix-size",
+        type=int,
+        default=1000,
+        help="N at which the 'busy' mix is also measured (0: never)",
+    )
+    parser.add_argument("--cycles", type=int, default=10, help="idle cycles measured per N")
+    parser.add_argument("--latency-jobs", type=int, default=50, help="0 skips latency")
+    parser.add_argument("--interval", type=float, default=5.0, help="poll interval (latency)")
+    parser.add_argument(
+        "--spread", type=float, default=20.0, help="terminations spread over this many seconds"
+    )
+    parser.add_argument("--nodes", type=int, default=4, help="kwok nodes")
+    parser.add_argument("--workers", type=int, default=12, help="threads creating objects")
+    parser.add_argument("--seed", type=int, default=9)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--profile", default=None, help="pyinstrument profiles into this dir")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a target is missed (default: report only)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes = "200"
+        args.second_mix_size = 200
+        args.latency_jobs = min(args.latency_jobs, 30)
+        args.spread = min(args.spread, 15.0)
+    args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-cycle-"))
+    bench = Bench(args, workdir)
+    began = time.monotonic()
+    try:
+        bench.start()
+        if args.second_mix_size:
+            busy = Population("busy", "benchb")
+            bench.measure(busy, args.second_mix_size, full=args.quick)
+            log("  removing the busy mix")
+            bench.delete_namespaces(busy.namespaces())
+        steady = Population("steady", "bench")
+        for size in args.size_list:
+            bench.measure(steady, size, full=True)
+    finally:
+        bench.stop()
+        if not args.keep:
+            subprocess.run(["rm", "-rf", str(workdir)], check=False)
+        else:
+            log(f"work directory kept: {workdir}")
+    report = table(bench.results, args.interval)
+    print(report)
+    missed = targets(bench.results, args.interval)
+    print("\ntargets: " + ("all met" if not missed else "MISSED:\n  " + "\n  ".join(missed)))
+    print(f"(total {time.monotonic() - began:.0f} s)")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "python": platform.python_version(),
+                        "platform": platform.platform(),
+                    },
+                    "args": {k: v for k, v in vars(args).items() if k != "json"},
+                    "results": bench.results,
+                    "missed": missed,
+                },
+                indent=1,
+                default=str,
+            )
+        )
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
