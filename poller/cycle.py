@@ -61,6 +61,7 @@ MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
 # A decision may ask for the log, then for a longer tail when the results
 # were cut off; each round is one log read.
 MAX_LOG_ROUNDS = 4
+OPENSHIFT_UID_RANGE = "openshift.io/sa.scc.uid-range"
 # Enough lines to hold log-archive-bytes of ordinary output.
 ARCHIVE_TAIL_LINES = 5000
 
@@ -239,6 +240,12 @@ class Poller:
             )
 
         decision = decide()
+        if any(isinstance(action, CreatePod) for action in decision.actions):
+            run_as_user = self._namespace_uid(job.namespace)
+            if run_as_user is not None:
+                decision = decisions.decide(
+                    job, pod, settings, now, queue=slot, run_as_user=run_as_user
+                )
         progress_reads = 0
         log_view: LogView | None = None
         for _ in range(MAX_LOG_ROUNDS):
@@ -275,6 +282,11 @@ class Poller:
             elif isinstance(action, PostEvent):
                 self._post_event(job, action, now)
         return current, progress_reads
+
+    def _namespace_uid(self, namespace: str) -> int | None:
+        """OpenShift: the first UID of the namespace's range, for a pod made now."""
+        annotations = self.kube.namespace_annotations(namespace)
+        return podspec.uid_range_start(annotations.get(OPENSHIFT_UID_RANGE))
 
     def _exec_results(self, job: JobView, action: ExecResults) -> ExecView:
         """cat the results file in the held container; errors make an empty view."""

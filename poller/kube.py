@@ -213,6 +213,19 @@ class Kube:
         data: dict[str, str] = json.loads(raw).get("data") or {}
         return data
 
+    def namespace_annotations(self, namespace: str) -> dict[str, str]:
+        """A namespace's annotations (read only when a job pod is about to be made)."""
+        try:
+            raw = self._request(
+                "GET", f"/api/v1/namespaces/{namespace}", verb="get", resource="namespaces"
+            )
+        except NotFound:
+            return {}
+        annotations: dict[str, str] = (json.loads(raw).get("metadata") or {}).get(
+            "annotations"
+        ) or {}
+        return annotations
+
     def configmap_exists(self, namespace: str, name: str) -> bool:
         return self.read_configmap_data(namespace, name) is not None
 

@@ -105,3 +105,16 @@ def test_sidecar_runs_restricted_beside_the_evaluation(
     assert sidecar.security_context.read_only_root_filesystem is True
     running = {s.name: bool(s.state.running) for s in pod.status.container_statuses}
     assert running == {"lmeval": True, "storage": True}
+
+
+def test_openshift_uid_range_sets_the_job_pod_user(
+    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+) -> None:
+    client.CoreV1Api(admin_api).patch_namespace(
+        jobs.namespace,
+        {"metadata": {"annotations": {"openshift.io/sa.scc.uid-range": "1000680000/10000"}}},
+    )
+    jobs.create("on-openshift")
+    context = _pod_spec(poller, jobs, "on-openshift").security_context
+    assert context.run_as_user == 1000680000 and context.run_as_group == 0
+    assert context.run_as_non_root is True
