@@ -40,6 +40,7 @@ from typing_extensions import TypedDict
 
 from poller import api
 from poller.model import JobObject, PodObject
+from poller.rawapi import send
 
 __all__ = ["Conflict", "Kube", "NotFound"]
 
@@ -133,21 +134,17 @@ class Kube:
         Bodies go out as plain JSON and come back as bytes: the client's typed
         models are skipped on purpose (cost, and lossless round trips).
         """
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        params = self.api_client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         code = "error"
         try:
-            response = self.api_client.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
-            data: bytes = response.read()  # type: ignore[no-untyped-call]
+            response, data = send(
+                self.api_client,
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                timeout=REQUEST_TIMEOUT,
+            )
             code = str(response.status)
         finally:
             self.on_request(verb, resource, code)

@@ -31,6 +31,7 @@ from poller.cli.errors import (
     parse_status,
     suggest,
 )
+from poller.rawapi import send
 
 __all__ = ["JOBS_PREFIX", "Cluster", "fetch_job", "split_ref"]
 
@@ -65,20 +66,17 @@ class Cluster:
         content_type: str = "application/json",
     ) -> bytes:
         """One request; the raw body of a 2xx answer, else ApiError."""
-        headers = {"Accept": "application/json, */*"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        params = self.api_client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         try:
-            response = self.api_client.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
-            data: bytes = response.read()  # type: ignore[no-untyped-call]
+            response, data = send(
+                self.api_client,
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                accept="application/json, */*",
+                timeout=REQUEST_TIMEOUT,
+            )
         except urllib3.exceptions.HTTPError as error:
             reason = getattr(error, "reason", None) or error
             raise CliError(

@@ -59,6 +59,7 @@ from typing import Any
 
 from kubernetes import client
 
+from poller.rawapi import send
 from poller.sandbox.identities import api_client
 from poller.sandbox.localproc import (
     Container,
@@ -144,19 +145,15 @@ class _Api:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        params = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-            header_params=headers,
+        response, data = send(
+            self.api,
+            method,
+            path,
+            query=query,
             body=body,
-            auth_settings=["BearerToken"],
+            content_type=content_type,
+            timeout=REQUEST_TIMEOUT,
         )
-        response = self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
-        data: bytes = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status <= 299:
             raise ApiError(int(response.status), data.decode("utf-8", "replace"))
         return json.loads(data) if data else None
