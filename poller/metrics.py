@@ -14,8 +14,9 @@ Two kinds of series, kept apart on purpose:
   snapshot, an immutable tuple replaced as a whole after each cycle. Nothing
   per job is remembered between cycles, so a deleted job's series are gone
   from the next scrape instead of lingering at their last value, and the
-  memory they need is bounded by the jobs that exist. The results JSON of a
-  job is parsed once when it first appears (or changes), not on every scrape.
+  memory they need is bounded by the jobs that exist. A job's scores are
+  parsed from its results JSON once, when its view is built
+  (`poller.model.JobView.scores`), not on every scrape.
 
 No label is ever named ``job`` or ``instance``: Prometheus attaches those to
 every scraped series itself. ``_created`` series are switched off: they double
@@ -29,7 +30,6 @@ threaded HTTP server that tests can start on 127.0.0.1:0 and stop.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 import socket
@@ -56,14 +56,13 @@ from prometheus_client.registry import Collector
 from poller import api
 from poller.cycle import CycleReport
 from poller.model import JobView
+from poller.results import Score
 
 __all__ = [
     "JOB_DURATION_BUCKETS",
     "JobCollector",
     "MetricsServer",
     "PollerMetrics",
-    "ResultSample",
-    "parse_results",
     "serve",
 ]
 
@@ -100,57 +99,7 @@ def _timestamp(text: str | None) -> float | None:
     return moment.timestamp()
 
 
-@dataclass(frozen=True)
-class ResultSample:
-    """One score from lm_eval's results: ``results[task]["metric,filter"]``."""
-
-    task: str
-    metric: str
-    filter: str
-    value: float
-    stderr: bool  # an ``<metric>_stderr`` value (metric holds the base name)
-
-
-def parse_results(text: str | None) -> tuple[ResultSample, ...]:
-    """The numeric scores in an lm_eval results JSON; anything else is skipped.
-
-    Keys are ``"metric,filter"`` (``"acc,none"``, ``"exact_match,strict-match"``);
-    ``"<metric>_stderr,filter"`` becomes a stderr sample of ``<metric>``. Task
-    entries come from ``results`` and, for group scores absent there, from
-    ``groups``. Strings (``alias``, ``"N/A"`` stderr), booleans and keys without
-    a filter (``sample_len``) are not scores.
-    """
-    if not text:
-        return ()
-    try:
-        document = json.loads(text)
-    except ValueError:
-        return ()
-    if not isinstance(document, dict):
-        return ()
-    tasks: dict[str, Any] = {}
-    for section in ("groups", "results"):  # results win over groups
-        entries = document.get(section)
-        if isinstance(entries, dict):
-            tasks.update(entries)
-    samples: list[ResultSample] = []
-    for task, scores in sorted(tasks.items()):
-        if not isinstance(scores, dict):
-            continue
-        for key, value in scores.items():
-            if not isinstance(key, str) or "," not in key:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            metric, _, filter_name = key.partition(",")
-            stderr = metric.endswith("_stderr")
-            if stderr:
-                metric = metric.removesuffix("_stderr")
-            samples.append(ResultSample(str(task), metric, filter_name, float(value), stderr))
-    return tuple(samples)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _JobSeries:
     """What the collector exposes for one job, computed once per snapshot."""
 
@@ -162,7 +111,7 @@ class _JobSeries:
     started: float | None
     completed: float | None
     progress: float | None
-    results: tuple[ResultSample, ...]
+    results: tuple[Score, ...]
 
 
 def _progress_ratio(job: JobView) -> float | None:
@@ -181,19 +130,12 @@ class JobCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._series: tuple[_JobSeries, ...] = ()
-        # uid -> (results text, parsed samples): parse each results JSON once.
-        self._parsed: dict[str, tuple[str, tuple[ResultSample, ...]]] = {}
 
     def update(self, jobs: Iterable[JobView]) -> None:
         """Replace the snapshot; the next scrape sees exactly these jobs."""
-        parsed: dict[str, tuple[str, tuple[ResultSample, ...]]] = {}
         series: list[_JobSeries] = []
         for job in jobs:
             status = job.status
-            text = status.results or ""
-            cached = self._parsed.get(job.uid)
-            results = cached[1] if cached and cached[0] == text else parse_results(text)
-            parsed[job.uid] = (text, results)
             series.append(
                 _JobSeries(
                     namespace=job.namespace,
@@ -204,13 +146,13 @@ class JobCollector(Collector):
                     started=_timestamp(status.last_schedule_time),
                     completed=_timestamp(status.complete_time),
                     progress=_progress_ratio(job),
-                    results=results,
+                    # Parsed once, when the view was built (see JobView.scores).
+                    results=job.scores,
                 )
             )
         snapshot = tuple(sorted(series, key=lambda s: (s.namespace, s.name)))
         with self._lock:
             self._series = snapshot
-            self._parsed = parsed
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families(()))

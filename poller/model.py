@@ -20,9 +20,11 @@ from typing import Any
 from typing_extensions import TypedDict
 
 from driver.protocol import DecodedLog
-from poller import api
+from poller import api, results
 
 __all__ = [
+    "FINISHED_SPEC_KEYS",
+    "FINISHED_STATUS_OMITS",
     "Action",
     "ArchiveLog",
     "ContainerView",
@@ -110,9 +112,28 @@ class PodObject(TypedDict, total=False):
     status: PodStatusObject
 
 
-@dataclass(frozen=True)
+# The spec keys a finished job's view keeps: what `JobView`'s switches and
+# the metrics read. Nothing else in a finished job's spec is acted on again.
+FINISHED_SPEC_KEYS = frozenset(
+    {"model", "cancel", "suspend", "activeDeadlineSeconds", "ttlSecondsAfterFinished"}
+)
+# And the status fields it leaves out (the status is only ever merge-patched,
+# so a field missing from a view is never erased by a write).
+FINISHED_STATUS_OMITS = frozenset({"results", "conditions"})
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
-    """One LMEvalJob as listed."""
+    """One LMEvalJob as listed.
+
+    Every job's view is alive at once (the queue plan and the metrics need
+    them all), and in a long-lived cluster most jobs are finished. Nothing
+    acts on a finished (Complete) job again but its TTL, so its view is
+    compact: `spec` keeps only `FINISHED_SPEC_KEYS`, and its status leaves
+    out `FINISHED_STATUS_OMITS`: the results JSON (up to 256 KB a job) and
+    the conditions (six objects a job), which only the transitions read.
+    Every job's numeric scores are parsed once, here, into `scores`.
+    """
 
     namespace: str
     name: str
@@ -123,6 +144,7 @@ class JobView:
     deleting: bool
     spec: dict[str, Any]
     status: api.LMEvalJobStatus
+    scores: tuple[results.Score, ...] = ()
 
     # Lifecycle switches, read from the raw spec: validating every spec on
     # every cycle would cost more than listing it.
@@ -147,6 +169,12 @@ class JobView:
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> JobView:
         meta = obj.get("metadata", {})
+        spec: dict[str, Any] = obj.get("spec") or {}
+        status: dict[str, Any] = obj.get("status") or {}
+        text = status.get("results")
+        if status.get("state") == api.JobState.COMPLETE.value:
+            spec = {key: value for key, value in spec.items() if key in FINISHED_SPEC_KEYS}
+            status = {k: v for k, v in status.items() if k not in FINISHED_STATUS_OMITS}
         return cls(
             namespace=meta.get("namespace", ""),
             name=meta.get("name", ""),
@@ -155,12 +183,13 @@ class JobView:
             resource_version=meta.get("resourceVersion", ""),
             creation_timestamp=meta.get("creationTimestamp", ""),
             deleting=bool(meta.get("deletionTimestamp")),
-            spec=obj.get("spec") or {},
-            status=api.LMEvalJobStatus.model_validate(obj.get("status") or {}),
+            spec=spec,
+            status=api.LMEvalJobStatus.model_validate(status),
+            scores=results.parse_scores(text) if isinstance(text, str) else (),
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerView:
     """The main container's state as the kubelet reports it."""
 
@@ -194,7 +223,7 @@ class ContainerView:
         return cls("unknown")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodView:
     """The job's pod as listed."""
 

@@ -5,7 +5,10 @@ capped at about 1.5 MiB), while a results JSON for a large task group is
 dominated by the echoed task configs. So status gets the results reduced to a
 budget, dropping the bulky, reproducible parts first, and the complete JSON
 goes to a ConfigMap owned by the job (gzip'd into binaryData when it would
-not fit as text). Pure functions: the actuator does the writing.
+not fit as text). The numeric scores are read back out of a results JSON
+once, when a job's view is built (`parse_scores`), so that neither the
+decisions nor the metrics hold the text itself. Pure functions: the
+actuator does the writing.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+from dataclasses import dataclass
+from sys import intern
 from typing import Any
 
 from poller import api
@@ -21,6 +26,8 @@ __all__ = [
     "LOG_ARCHIVE_KEY",
     "RESULTS_KEY",
     "STATUS_RESULTS_BUDGET",
+    "Score",
+    "parse_scores",
     "reduce_results",
     "results_configmap",
     "results_configmap_name",
@@ -125,3 +132,56 @@ def results_configmap(
     if binary:
         manifest["binaryData"] = binary
     return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """One score from lm_eval's results: ``results[task]["metric,filter"]``."""
+
+    task: str
+    metric: str
+    filter: str
+    value: float
+    stderr: bool  # an ``<metric>_stderr`` value (metric holds the base name)
+
+
+def parse_scores(text: str | None) -> tuple[Score, ...]:
+    """The numeric scores in an lm_eval results JSON; anything else is skipped.
+
+    Keys are ``"metric,filter"`` (``"acc,none"``, ``"exact_match,strict-match"``);
+    ``"<metric>_stderr,filter"`` becomes a stderr score of ``<metric>``. Task
+    entries come from ``results`` and, for group scores absent there, from
+    ``groups``. Strings (``alias``, ``"N/A"`` stderr), booleans and keys without
+    a filter (``sample_len``) are not scores. Untrusted text: junk gives ().
+    """
+    if not text:
+        return ()
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return ()
+    if not isinstance(document, dict):
+        return ()
+    tasks: dict[str, Any] = {}
+    for section in ("groups", "results"):  # results win over groups
+        entries = document.get(section)
+        if isinstance(entries, dict):
+            tasks.update(entries)
+    scores: list[Score] = []
+    for task, entries in sorted(tasks.items()):
+        if not isinstance(entries, dict):
+            continue
+        for key, value in entries.items():
+            if not isinstance(key, str) or "," not in key:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            metric, _, filter_name = key.partition(",")
+            stderr = metric.endswith("_stderr")
+            if stderr:
+                metric = metric.removesuffix("_stderr")
+            # Interned: every job of a suite repeats the same few names.
+            scores.append(
+                Score(intern(str(task)), intern(metric), intern(filter_name), float(value), stderr)
+            )
+    return tuple(scores)

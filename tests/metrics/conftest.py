@@ -1,6 +1,7 @@
 """Helpers for the metrics tests: jobs as the poller sees them, and promtool.
 
-`make_job` builds the `JobView` a cycle would put in its snapshot, so the
+`make_job` builds the `JobView` a cycle would put in its snapshot (from
+the object a LIST returns), so the
 collector is tested without any cluster. Prometheus and promtool are built
 (or found) once per session by `poller.sandbox.prometheus`.
 """
@@ -68,16 +69,21 @@ def make_job(
         status["lastScheduleTime"] = scheduled
     if completed is not None:
         status["completeTime"] = completed
-    return JobView(
-        namespace=namespace,
-        name=name,
-        uid=uid or f"uid-{namespace}-{name}",
-        generation=1,
-        resource_version="1",
-        creation_timestamp=created,
-        deleting=False,
-        spec={"model": model, "tasks": ["toy_mc"]},
-        status=api.LMEvalJobStatus.model_validate(status),
+    # Built the way a cycle builds it from a listed object (finished jobs compact).
+    api.LMEvalJobStatus.model_validate(status)  # only statuses the poller could write
+    return JobView.from_object(
+        {
+            "metadata": {
+                "namespace": namespace,
+                "name": name,
+                "uid": uid or f"uid-{namespace}-{name}",
+                "generation": 1,
+                "resourceVersion": "1",
+                "creationTimestamp": created,
+            },
+            "spec": {"model": model, "tasks": ["toy_mc"]},
+            "status": status,
+        }
     )
 
 

@@ -27,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from poller import api
 from poller.cycle import CycleReport
-from poller.metrics import MetricsServer, PollerMetrics, parse_results, serve
+from poller.metrics import MetricsServer, PollerMetrics, serve
+from poller.results import parse_scores
 from tests.metrics.conftest import TOY_RESULTS, make_job
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC).timestamp()  # the jobs' lastScheduleTime
@@ -172,13 +173,13 @@ def test_scores_split_into_task_metric_filter_and_stderr_apart(
     assert len(scores) == 5
 
 
-def test_parse_results_tolerates_junk() -> None:
-    assert parse_results(None) == ()
-    assert parse_results("") == ()
-    assert parse_results("{not json") == ()
-    assert parse_results("[1, 2]") == ()
-    assert parse_results('{"results": {"t": "x", "u": {"acc,none": null}}}') == ()
-    (only,) = parse_results('{"results": {"t": {"acc,none": 1, "acc": 2}}}')
+def test_parse_scores_tolerates_junk() -> None:
+    assert parse_scores(None) == ()
+    assert parse_scores("") == ()
+    assert parse_scores("{not json") == ()
+    assert parse_scores("[1, 2]") == ()
+    assert parse_scores('{"results": {"t": "x", "u": {"acc,none": null}}}') == ()
+    (only,) = parse_scores('{"results": {"t": {"acc,none": 1, "acc": 2}}}')
     assert (only.task, only.metric, only.filter, only.value, only.stderr) == (
         "t",
         "acc",

@@ -46,16 +46,21 @@ RESULTS = {"results": {"toy": {"acc,none": 0.5, "acc_stderr,none": 0.1}}, "confi
 
 
 def job(status: dict[str, Any] | None = None, **spec: Any) -> JobView:
-    return JobView(
-        namespace="ns",
-        name="eval",
-        uid="uid-1",
-        generation=3,
-        resource_version="41",
-        creation_timestamp=format_time(NOW - dt.timedelta(minutes=5)),
-        deleting=False,
-        spec={"model": "dummy", "tasks": ["toy"], **spec},
-        status=api.LMEvalJobStatus.model_validate(status or {}),
+    """The view a cycle builds from this listed object (a finished job's is compact)."""
+    api.LMEvalJobStatus.model_validate(status or {})  # only statuses the poller could write
+    return JobView.from_object(
+        {
+            "metadata": {
+                "namespace": "ns",
+                "name": "eval",
+                "uid": "uid-1",
+                "generation": 3,
+                "resourceVersion": "41",
+                "creationTimestamp": format_time(NOW - dt.timedelta(minutes=5)),
+            },
+            "spec": {"model": "dummy", "tasks": ["toy"], **spec},
+            "status": status or {},
+        }
     )
 
 
