@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from kubernetes import client, config
-
 from poller.cycle import Poller
 from poller.kube import Kube
 from poller.leader import LeaderElector
 from poller.metrics import PollerMetrics, serve
 from poller.service import PollingService
+from poller.transport import ApiTransport
 
 __all__ = ["main"]
 
@@ -55,19 +54,6 @@ def _setup_logging(level: str, json_logs: bool) -> None:
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
-def _api_client(kubeconfig: Path | None) -> client.ApiClient:
-    if kubeconfig is not None:
-        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig)
-        )
-        return api
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
-    api = config.new_client_from_config()  # type: ignore[no-untyped-call]
-    return api
-
-
 def _default_namespace() -> str:
     path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
     if path.exists():
@@ -85,7 +71,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--kubeconfig",
         type=Path,
         default=None,
-        help="kubeconfig file (default: in-cluster, else ~/.kube/config)",
+        help="kubeconfig file (default: in-cluster in a pod, else the first file of "
+        "$KUBECONFIG, else ~/.kube/config)",
     )
     parser.add_argument(
         "--settings-namespace",
@@ -132,16 +119,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     _setup_logging(args.log_level, args.json_logs)
-    log = logging.getLogger("poller")
-    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
     metrics = PollerMetrics()
     identity = (
         args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     )
-    api_client = _api_client(args.kubeconfig)
-    # The audit log tells replicas apart by their user agent.
-    api_client.user_agent = f"lmeval-poller/{identity}"
-    kube = Kube(api_client, on_request=metrics.on_request)
+    # An explicit kubeconfig, else in-cluster in a pod, else the default kubeconfig.
+    with ApiTransport.from_environment(args.kubeconfig) as transport:
+        # The audit log tells replicas apart by their user agent.
+        transport.user_agent = f"lmeval-poller/{identity}"
+        return _run(args, Kube(transport, on_request=metrics.on_request), metrics, identity)
+
+
+def _run(args: argparse.Namespace, kube: Kube, metrics: PollerMetrics, identity: str) -> int:
+    log = logging.getLogger("poller")
+    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
     settings_namespace = args.settings_namespace or _default_namespace()
     elector: LeaderElector | None = None
     if args.leader_elect and not args.once:

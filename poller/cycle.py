@@ -26,12 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from driver.protocol import decode_text
 from poller import decide as decisions
 from poller import podspec, results
-from poller.kube import Conflict, Kube, NotFound
+from poller.kube import ApiError, Conflict, Kube, NotFound
 from poller.model import (
     ArchiveLog,
     CreatePod,
@@ -176,25 +174,53 @@ class Poller:
         settings = self.refresh_settings()
         jobs, by_owner = self._observe(report)
         queue = plan_queue(jobs, by_owner, settings.max_running_jobs)
-        progress_budget = settings.progress_reads_per_cycle
+        # Transitions first, progress reads after: each progress read is a log
+        # GET, and a job whose pod just ended must not wait behind dozens of them.
+        progress_due: list[int] = []  # indexes into report.snapshot
         for job in jobs:
             if not self.may_act():
                 report.skipped = True
                 break
             pod = by_owner.get(job.uid)
-            due = self._progress_due(job, pod, settings) and progress_budget > 0
-            try:
-                current, read_progress = self._reconcile(
-                    job, pod, settings, report, queue.get(job.uid), due
-                )
-                progress_budget -= read_progress
-                report.snapshot.append(current)
-            except Exception as error:  # one job never stops the others
-                report.snapshot.append(job)
-                self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
+            current = self._reconcile_safely(job, pod, settings, report, queue.get(job.uid))
+            # A job whose status was just written waits for the next cycle: its
+            # resourceVersion is stale until then.
+            if current is job and self._progress_due(job, pod, settings):
+                progress_due.append(len(report.snapshot))
+            report.snapshot.append(current)
+        budget = settings.progress_reads_per_cycle
+        for index in progress_due:
+            if budget <= 0 or report.skipped:
+                break
+            if not self.may_act():
+                report.skipped = True
+                break
+            job = report.snapshot[index]
+            pod = by_owner.get(job.uid)
+            report.snapshot[index] = self._reconcile_safely(
+                job, pod, settings, report, None, progress_due=True
+            )
+            budget -= 1
         self._forget_progress(by_owner)
         report.duration = time.monotonic() - started
         return report
+
+    def _reconcile_safely(
+        self,
+        job: JobView,
+        pod: PodView | None,
+        settings: Settings,
+        report: CycleReport,
+        slot: QueueSlot | None,
+        *,
+        progress_due: bool = False,
+    ) -> JobView:
+        """`_reconcile`, with an error counted for this job and the job left as it was."""
+        try:
+            return self._reconcile(job, pod, settings, report, slot, progress_due)
+        except Exception as error:  # one job never stops the others
+            self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
+            return job
 
     @staticmethod
     def _count_error(report: CycleReport, meta: dict[str, Any], error: Exception) -> None:
@@ -222,9 +248,8 @@ class Poller:
         report: CycleReport,
         slot: QueueSlot | None,
         progress_due: bool,
-    ) -> tuple[JobView, int]:
-        """Decide and act for one job; returns the job as it now stands and the
-        number of progress log reads spent."""
+    ) -> JobView:
+        """Decide and act for one job; returns the job as it now stands."""
         now = self.clock()
 
         def decide(log_view: LogView | None = None, exec_view: ExecView | None = None) -> Decision:
@@ -246,14 +271,12 @@ class Poller:
                 decision = decisions.decide(
                     job, pod, settings, now, queue=slot, run_as_user=run_as_user
                 )
-        progress_reads = 0
         log_view: LogView | None = None
         for _ in range(MAX_LOG_ROUNDS):
             request = decision.needs_log
             if request is None:
                 break
             if request.purpose == "progress":
-                progress_reads += 1
                 self._progress_read_at[job.uid] = time.monotonic()
             log_view = self._read_log(job, request)
             decision = decide(log_view)
@@ -264,7 +287,7 @@ class Poller:
         for action in decision.actions:
             if isinstance(action, CreatePod):
                 if not self._create_pod(job, action, now, report):
-                    return current, progress_reads
+                    return current
             elif isinstance(action, StoreResults):
                 self.kube.apply_configmap(action.manifest, merge=True)
             elif isinstance(action, ArchiveLog):
@@ -281,7 +304,7 @@ class Poller:
                 report.patches += 1
             elif isinstance(action, PostEvent):
                 self._post_event(job, action, now)
-        return current, progress_reads
+        return current
 
     def _namespace_uid(self, namespace: str) -> int | None:
         """OpenShift: the first UID of the namespace's range, for a pod made now."""
@@ -332,7 +355,7 @@ class Poller:
             )
         except NotFound as error:
             return LogView(decode_text(""), request.tail_lines, unavailable=str(error))
-        except ApiException as error:
+        except ApiError as error:
             if error.status is None or error.status >= 500 or error.status == 429:
                 raise  # transient: read again next cycle
             # The log is gone for good (node lost, pod evicted, ...): decide without it.
@@ -358,7 +381,7 @@ class Poller:
             return False
         try:
             created = self.kube.create_pod(action.manifest)
-        except ApiException as error:
+        except ApiError as error:
             if error.status is None or error.status >= 500 or error.status == 429:
                 raise  # transient: the next cycle tries again
             # Refused for good (admission, quota, invalid): the job cannot run.
@@ -424,7 +447,7 @@ def _custom_task_configmaps(manifest: dict[str, Any]) -> list[str]:
     return [v["configMap"]["name"] for v in volumes if "configMap" in v]
 
 
-def _api_message(error: ApiException) -> str:
+def _api_message(error: ApiError) -> str:
     try:
         body = json.loads(error.body or "{}")
     except ValueError:

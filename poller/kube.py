@@ -6,19 +6,23 @@ makes the rest testable without a cluster and what lets every request be
 counted in one place (`on_request(verb, resource, code)`, wired to the
 ``lmeval_kube_requests_total`` metric).
 
-Requests go through the client's plumbing (authentication, TLS, pooling)
-but not its typed models, since building models for thousands of objects
-would cost more than the request itself, and bodies go out as the plain
-dicts the pure layers produce. Lists are paged (``limit`` + ``continue``)
-and handed out page by page, so a cycle never holds more than a page or two
-of raw objects. Each page is parsed straight into the shape the views read
-(`poller.model.JobObject`, `PodObject`): what no view reads, such as
-managedFields and pod specs, is skipped by the parser instead of becoming
-Python objects. As soon as a page's continue token is known, the next page
-is requested on a helper thread, so the apiserver prepares it while this one
-is parsed and used; the pages of one LIST are still requested one after the
-other, and a LIST starts only when the previous one has ended. Other
-responses are parsed with ``json.loads``.
+Requests go through `poller.transport.ApiTransport` (authentication, TLS,
+pooling, exec over a WebSocket) rather than the kubernetes client, whose
+import alone costs 44 MiB and whose typed models would cost more than the
+request itself for thousands of objects. Bodies go out as the plain dicts
+the pure layers produce; error statuses come back as `NotFound`, `Conflict`
+or `ApiError`.
+
+Lists are paged (``limit`` + ``continue``) and handed out page by page, so a
+cycle never holds more than a page or two of raw objects. Each page is
+parsed straight into the shape the views read (`poller.model.JobObject`,
+`PodObject`): what no view reads, such as managedFields and pod specs, is
+skipped by the parser instead of becoming Python objects. As soon as a
+page's continue token is known, the next page is requested on a helper
+thread, so the apiserver prepares it while this one is parsed and used; the
+pages of one LIST are still requested one after the other, and a LIST starts
+only when the previous one has ended. Other responses are parsed with
+``json.loads``.
 """
 
 from __future__ import annotations
@@ -32,17 +36,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from kubernetes.stream import stream
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
 from poller import api
 from poller.model import JobObject, PodObject
-from poller.rawapi import send
+from poller.transport import ApiTransport, ExecRefused
 
-__all__ = ["Conflict", "Kube", "NotFound"]
+__all__ = ["ApiError", "Conflict", "Kube", "NotFound"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,26 @@ class NotFound(Exception):
 
 class Conflict(Exception):
     """A write lost a race (409): re-read and decide again next cycle."""
+
+
+class ApiError(Exception):
+    """The apiserver answered with an error status (other than 404 and 409)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        super().__init__(status, reason, body)
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+    def __str__(self) -> str:
+        # The apiserver explains itself in a Status object's message; else show the body.
+        try:
+            message = json.loads(self.body).get("message")
+        except (ValueError, AttributeError):
+            message = None
+        detail = message or self.body.strip()[:300]
+        head = f"{self.status} {self.reason}"
+        return f"{head}: {detail}" if detail else head
 
 
 def _noop(verb: str, resource: str, code: str) -> None:
@@ -114,8 +135,8 @@ class _Prefetch:
 class Kube:
     """Typed, counted access to exactly the API calls the poller makes."""
 
-    def __init__(self, api_client: client.ApiClient, on_request: RequestHook = _noop) -> None:
-        self.api_client = api_client
+    def __init__(self, transport: ApiTransport, on_request: RequestHook = _noop) -> None:
+        self.transport = transport
         self.on_request = on_request
 
     def _request(
@@ -131,13 +152,12 @@ class Kube:
     ) -> bytes:
         """One HTTP request; counted, and non-2xx turned into exceptions.
 
-        Bodies go out as plain JSON and come back as bytes: the client's typed
-        models are skipped on purpose (cost, and lossless round trips).
+        Bodies go out as plain JSON and come back as bytes (lossless round
+        trips, and no model building).
         """
         code = "error"
         try:
-            response, data = send(
-                self.api_client,
+            response = self.transport.request(
                 method,
                 path,
                 query=query,
@@ -153,8 +173,10 @@ class Kube:
         if response.status == 409:
             raise Conflict(f"{resource} {path}: conflict")
         if not 200 <= response.status <= 299:
-            raise ApiException(http_resp=response)
-        return data
+            raise ApiError(
+                response.status, response.reason, response.data.decode("utf-8", "replace")
+            )
+        return response.data
 
     # -- reads -----------------------------------------------------------------
 
@@ -324,40 +346,21 @@ class Kube:
     ) -> tuple[int | None, str, str]:
         """Run `argv` (no shell) in a container; returns (exit code, stdout, stderr).
 
-        The stream helper swaps the ApiClient's request method while it runs, so
-        each exec gets a client of its own (same configuration and credentials).
+        The exit code is None when unknown (see `ApiTransport.exec`); a refused
+        upgrade raises NotFound (404) or ApiError.
         """
         code = "error"
         try:
-            with client.ApiClient(self.api_client.configuration) as exec_client:
-                exec_client.user_agent = self.api_client.user_agent
-                response = stream(
-                    client.CoreV1Api(exec_client).connect_get_namespaced_pod_exec,
-                    pod,
-                    namespace,
-                    container=container,
-                    command=argv,
-                    stderr=True,
-                    stdin=False,
-                    stdout=True,
-                    tty=False,
-                    _preload_content=False,
-                    _request_timeout=timeout,
-                )
-                try:
-                    response.run_forever(timeout=timeout)
-                    stdout = response.read_stdout(timeout=0) or ""
-                    stderr = response.read_stderr(timeout=0) or ""
-                    exit_code = response.returncode
-                finally:
-                    response.close()
+            result = self.transport.exec(namespace, pod, container, argv, timeout=timeout)
             code = "101"
-        except ApiException as error:
+        except ExecRefused as error:
             code = str(error.status)
-            raise
+            if error.status == 404:
+                raise NotFound(f"pods/exec {namespace}/{pod}: {error.body[:200]}") from None
+            raise ApiError(error.status, error.reason, error.body) from None
         finally:
             self.on_request("get", "pods/exec", code)
-        return exit_code, str(stdout), str(stderr)
+        return result
 
     def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
         lease: dict[str, Any] = json.loads(

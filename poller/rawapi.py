@@ -1,12 +1,13 @@
-"""One raw Kubernetes API request through the client's plumbing, without its models.
+"""One raw Kubernetes API request through the kubernetes client's plumbing, without its models.
 
-The poller, the CLI and the sandbox's node all talk to the API the same way:
-the client's ApiClient supplies authentication, TLS and connection pooling,
-while bodies go out as plain dicts and come back as bytes, because building
-the client's typed models costs more than the request and loses nothing
-only when skipped. Each caller keeps its own error handling (the poller
-counts and raises NotFound/Conflict, the CLI explains, the node retries);
-this is the part they share.
+The CLI and the sandbox's node talk to the API this way: the client's
+ApiClient supplies authentication, TLS and connection pooling, while bodies
+go out as plain dicts and come back as bytes, because building the client's
+typed models costs more than the request and loses nothing only when
+skipped. Each caller keeps its own error handling (the CLI explains, the
+node retries); this is the part they share. The poller process does not use
+it: importing the kubernetes package alone costs it 44 MiB, so it has its
+own connection, `poller.transport.ApiTransport`.
 """
 
 from __future__ import annotations

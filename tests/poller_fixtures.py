@@ -28,8 +28,9 @@ from poller.cycle import CycleReport, Poller
 from poller.kube import Kube
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client, service_account_kubeconfig
+from poller.sandbox.identities import service_account_kubeconfig
 from poller.settings import CONFIGMAP_NAME
+from poller.transport import ApiTransport
 from tests.driver.conftest import child_env, plain_rows, write_tasks
 from tests.waiting import wait_for
 
@@ -55,8 +56,8 @@ def poller_installed(control_plane: ControlPlane) -> ControlPlane:
 def poller_kube(poller_installed: ControlPlane) -> Iterator[Kube]:
     """The API layer authenticated as the poller's ServiceAccount."""
     path = service_account_kubeconfig(poller_installed, POLLER_NS, "lmeval-poller")
-    with api_client(path) as sa_api:
-        yield Kube(sa_api)
+    with ApiTransport.from_kubeconfig(path) as transport:
+        yield Kube(transport)
 
 
 def set_settings(admin_api: client.ApiClient, data: dict[str, str]) -> None:

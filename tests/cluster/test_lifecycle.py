@@ -6,7 +6,8 @@ container config errors reported by the "kubelet"), OOM kills and signals,
 pods deleted or evicted under a running job (never re-created), cancel
 (spec.cancel and a seed-style status.state Cancelled), suspend and resume,
 activeDeadlineSeconds, ttlSecondsAfterFinished with garbage collection, the
-log archive kept before a pod is deleted, progress in status, a missing
+log archive kept before a pod is deleted, progress in status (read after
+every transition of the cycle, at most progress-reads-per-cycle), a missing
 custom-task ConfigMap, and FIFO queueing under max-running-jobs across two
 namespaces.
 """
@@ -358,6 +359,65 @@ def test_progress_reaches_status(
     assert status["progress"]["phase"] == "Running loglikelihood requests"
     assert status["progress"]["line"].startswith("42% Running loglikelihood requests")
     assert status["state"] == "Running"
+
+
+class _RecordingKube(Kube):
+    """The real API layer, noting which log reads and status writes happen in what order."""
+
+    def __init__(self, kube: Kube) -> None:
+        super().__init__(kube.transport)
+        self.calls: list[tuple[str, str]] = []
+
+    def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        self.calls.append(("log", pod))
+        return super().read_log_tail(namespace, pod, container, tail_lines)
+
+    def patch_job_status(
+        self, namespace: str, name: str, status: dict, resource_version: str
+    ) -> None:
+        self.calls.append(("patch", name))
+        super().patch_job_status(namespace, name, status, resource_version)
+
+
+def test_progress_reads_are_capped_and_wait_for_transitions(
+    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    _settings(admin_api, **{"progress-interval": "1h", "progress-reads-per-cycle": "1"})
+    pods = {}
+    for name in ("p-a", "p-b", "z-done"):
+        jobs.create(name)
+    for name in ("p-a", "p-b", "z-done"):
+        pods[name] = _pod_of(poller, jobs, name)
+    for name, percent in (("p-a", 10.0), ("p-b", 20.0)):
+        marker = encode_marker("progress", phase="loglikelihood", percent=percent, n=1, total=9)
+        serve_log(admin_api, jobs.namespace, pods[name], marker, tmp_path)
+    serve_log(admin_api, jobs.namespace, pods["z-done"], "Traceback: boom", tmp_path)
+    terminate(admin_api, jobs.namespace, pods["z-done"], 3, message="boom")
+    core = client.CoreV1Api(admin_api)
+    wait_for(
+        lambda: any(
+            c.state.terminated
+            for c in core.read_namespaced_pod(pods["z-done"], namespace).status.container_statuses
+            or []
+        ),
+        what="z-done's container terminated",
+    )
+    # A fresh poller: every running job is due a progress read, one is allowed.
+    kube = _RecordingKube(poller.kube)
+    fresh = Poller(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
+    report = fresh.run_cycle()
+    assert report.errors == 0, report.error_messages
+    assert jobs.status("z-done")["state"] == "Complete"
+    assert (jobs.status("p-a").get("progress") or {}).get("percent") == 10.0
+    assert "progress" not in jobs.status("p-b")
+    # z-done comes last in the LIST, yet it ended before any progress was read.
+    assert kube.calls.index(("patch", "z-done")) < kube.calls.index(("log", pods["p-a"]))
+    assert ("log", pods["p-b"]) not in kube.calls
+    # The next cycle reads the one left; p-a is not due again for an hour.
+    kube.calls.clear()
+    assert fresh.run_cycle().errors == 0
+    assert (jobs.status("p-b").get("progress") or {}).get("percent") == 20.0
+    assert kube.calls == [("log", pods["p-b"]), ("patch", "p-b")]
 
 
 def test_missing_custom_task_configmap_fails_clearly(poller: Poller, jobs: Jobs) -> None:

@@ -70,7 +70,7 @@ def stack(
     tmp_path: Path,
 ) -> Iterator[Stack]:
     metrics = PollerMetrics(CollectorRegistry())
-    kube = Kube(poller_kube.api_client, on_request=metrics.on_request)
+    kube = Kube(poller_kube.transport, on_request=metrics.on_request)
     watched = Poller(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
     server = serve(metrics, port=0, address="127.0.0.1")
     prometheus = PrometheusServer(
