@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
@@ -160,7 +161,9 @@ class JobCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             series = self._series
-        return list(self._families(series))
+        # A generator: the exposition writes each family before the next is
+        # built, so a scrape of 10000 jobs holds one family's samples at a time.
+        return self._families(series)
 
     @staticmethod
     def _families(series: Sequence[_JobSeries]) -> Iterator[Metric]:
@@ -168,56 +171,69 @@ class JobCollector(Collector):
         counts = GaugeMetricFamily(
             "lmeval_jobs", "LMEvalJobs by namespace and state.", labels=["namespace", "state"]
         )
+        per_namespace: dict[str, dict[str, int]] = {}
+        for job in series:
+            states = per_namespace.setdefault(job.namespace, dict.fromkeys(STATES, 0))
+            states[job.state] = states.get(job.state, 0) + 1
+        for namespace, states in sorted(per_namespace.items()):
+            for state, count in states.items():
+                counts.add_metric([namespace, state], count)
+        yield counts
         info = InfoMetricFamily(
             "lmeval_job",
             "One series per LMEvalJob (value 1) carrying its model, state and reason.",
             labels=[*ids, "model", "state", "reason"],
         )
-        started = GaugeMetricFamily(
-            "lmeval_job_start_timestamp_seconds",
-            "When the job's pod was last scheduled (status.lastScheduleTime).",
-            labels=ids,
-        )
-        completed = GaugeMetricFamily(
-            "lmeval_job_completion_timestamp_seconds",
-            "When the job finished (status.completeTime).",
-            labels=ids,
-        )
-        progress = GaugeMetricFamily(
-            "lmeval_job_progress_ratio",
-            "Share of the evaluation done, 0 to 1, as the driver last reported it.",
-            labels=ids,
-        )
-        result_labels = [*ids, "task", "metric", "filter"]
-        result = GaugeMetricFamily(
-            "lmeval_job_result",
-            "Evaluation score of a finished job: lm_eval results[task]['metric,filter'].",
-            labels=result_labels,
-        )
-        stderr = GaugeMetricFamily(
-            "lmeval_job_result_stderr",
-            "Standard error of lmeval_job_result: lm_eval results[task]['metric_stderr,filter'].",
-            labels=result_labels,
-        )
-        per_namespace: dict[str, dict[str, int]] = {}
         for job in series:
-            states = per_namespace.setdefault(job.namespace, dict.fromkeys(STATES, 0))
-            states[job.state] = states.get(job.state, 0) + 1
-            key = [job.namespace, job.name]
-            info.add_metric(key, {"model": job.model, "state": job.state, "reason": job.reason})
-            if job.started is not None:
-                started.add_metric(key, job.started)
-            if job.completed is not None:
-                completed.add_metric(key, job.completed)
-            if job.progress is not None:
-                progress.add_metric(key, job.progress)
-            for sample in job.results:
-                family = stderr if sample.stderr else result
-                family.add_metric([*key, sample.task, sample.metric, sample.filter], sample.value)
-        for namespace, states in sorted(per_namespace.items()):
-            for state, count in states.items():
-                counts.add_metric([namespace, state], count)
-        yield from (counts, info, started, completed, progress, result, stderr)
+            info.add_metric(
+                [job.namespace, job.name],
+                {"model": job.model, "state": job.state, "reason": job.reason},
+            )
+        yield info
+        for name, text, value_of in (
+            (
+                "lmeval_job_start_timestamp_seconds",
+                "When the job's pod was last scheduled (status.lastScheduleTime).",
+                attrgetter("started"),
+            ),
+            (
+                "lmeval_job_completion_timestamp_seconds",
+                "When the job finished (status.completeTime).",
+                attrgetter("completed"),
+            ),
+            (
+                "lmeval_job_progress_ratio",
+                "Share of the evaluation done, 0 to 1, as the driver last reported it.",
+                attrgetter("progress"),
+            ),
+        ):
+            family = GaugeMetricFamily(name, text, labels=ids)
+            for job in series:
+                if (value := value_of(job)) is not None:
+                    family.add_metric([job.namespace, job.name], value)
+            yield family
+        for name, text, stderr in (
+            (
+                "lmeval_job_result",
+                "Evaluation score of a finished job: lm_eval results[task]['metric,filter'].",
+                False,
+            ),
+            (
+                "lmeval_job_result_stderr",
+                "Standard error of lmeval_job_result: "
+                "lm_eval results[task]['metric_stderr,filter'].",
+                True,
+            ),
+        ):
+            family = GaugeMetricFamily(name, text, labels=[*ids, "task", "metric", "filter"])
+            for job in series:
+                for score in job.results:
+                    if score.stderr == stderr:
+                        family.add_metric(
+                            [job.namespace, job.name, score.task, score.metric, score.filter],
+                            score.value,
+                        )
+            yield family
 
 
 class _PollerLike(Protocol):
