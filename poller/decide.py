@@ -50,11 +50,13 @@ from poller.model import (
 from poller.settings import Settings
 
 __all__ = [
+    "EXACT_QUEUE_POSITIONS",
     "FIRST_TAIL_LINES",
     "MAX_TAIL_LINES",
     "PROGRESS_TAIL_LINES",
     "decide",
     "decide_failure",
+    "queue_message",
     "set_condition",
 ]
 
@@ -64,6 +66,8 @@ FIRST_TAIL_LINES = 400
 MAX_TAIL_LINES = 25_600
 # Progress markers are rate-limited by the driver; the newest is near the end.
 PROGRESS_TAIL_LINES = 60
+# Queued jobs whose status names their exact place (see queue_message).
+EXACT_QUEUE_POSITIONS = 10
 # Waiting reasons that only resolve when someone acts; they still fail only
 # after pod-pending-timeout, but their words are what the message quotes.
 _WAITING_CAUSES = (
@@ -229,12 +233,24 @@ def _schedule(
     return Decision([CreatePod(manifest), *draft.actions()])
 
 
+def queue_message(slot: QueueSlot) -> str:
+    """What a waiting job's status says of its place; it changes only near the head.
+
+    Every change is a status write, and each time the queue moves every job
+    behind the head moves too: exact places for all of a long queue would
+    rewrite every waiting job each time one starts. So only the first
+    `EXACT_QUEUE_POSITIONS` places are exact, and the total is left out.
+    """
+    if slot.position <= EXACT_QUEUE_POSITIONS:
+        place = f"position {slot.position}"
+    else:
+        place = f"more than {EXACT_QUEUE_POSITIONS} jobs ahead"
+    return f"waiting for a free slot: {place} (max-running-jobs: {slot.limit})"
+
+
 def _queued(job: JobView, slot: QueueSlot, now: dt.datetime) -> Decision:
     draft = _Status(job, now)
-    message = (
-        f"waiting for a free slot: position {slot.position} of {slot.waiting} "
-        f"(max-running-jobs: {slot.limit})"
-    )
+    message = queue_message(slot)
     if job.status.state is None:
         draft.state(S.NEW, R.NO_REASON, message, event="Queued")
     else:

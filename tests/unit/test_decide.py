@@ -19,6 +19,7 @@ import pytest
 
 from driver.protocol import decode_lines, encode_marker, encode_results
 from poller import api, decide
+from poller.decide import queue_message
 from poller.model import (
     ArchiveLog,
     ContainerView,
@@ -387,7 +388,23 @@ def test_queued_job_learns_its_place() -> None:
     assert status.state == api.JobState.NEW
     scheduled = condition(status, "Scheduled")
     assert scheduled.status == "False" and scheduled.reason == "Queued"
-    assert "position 2 of 3" in scheduled.message
+    assert scheduled.message == "waiting for a free slot: position 2 (max-running-jobs: 1)"
+
+
+def test_a_moving_queue_rewrites_only_the_jobs_near_its_head() -> None:
+    # 200 waiting jobs, one slot: each time the head starts, only the jobs
+    # whose exact place is shown get a new status (plus the one that starts).
+    waiting = 200
+    before = [queue_message(QueueSlot(p, waiting, 1)) for p in range(1, waiting + 1)]
+    after = [queue_message(QueueSlot(p - 1, waiting - 1, 1)) for p in range(2, waiting + 1)]
+    changed = sum(1 for old, new in zip(before[1:], after, strict=True) if old != new)
+    assert changed == decide.EXACT_QUEUE_POSITIONS
+    assert before[-1] == "waiting for a free slot: more than 10 jobs ahead (max-running-jobs: 1)"
+    # And through decide: a job far back that moves up one place writes nothing.
+    first = status_of(decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(51, waiting, 1)))
+    queued = job(first.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    moved = QueueSlot(50, waiting - 1, 1)
+    assert decide.decide(queued, None, SETTINGS, NOW, queue=moved).actions == []
 
 
 def test_progress_read_is_requested_only_when_due() -> None:
