@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from driver import protocol
 from poller import api, podspec, results
+from poller.draft import StatusDraft
 from poller.model import (
     Action,
     ArchiveLog,
@@ -37,14 +38,11 @@ from poller.model import (
     ExecView,
     JobView,
     LogView,
-    PatchStatus,
     PodView,
-    PostEvent,
     QueueSlot,
     ReadLog,
     ReleaseHold,
     StoreResults,
-    format_time,
     parse_time,
 )
 from poller.settings import Settings
@@ -57,7 +55,6 @@ __all__ = [
     "decide",
     "decide_failure",
     "queue_message",
-    "set_condition",
 ]
 
 # Results markers are ~32 KiB lines; a toy run's whole log is a few hundred
@@ -84,91 +81,9 @@ S = api.JobState
 R = api.JobReason
 
 
-def set_condition(
-    conditions: list[api.Condition],
-    kind: api.ConditionType,
-    status: bool,
-    reason: str,
-    message: str,
-    now: str,
-    generation: int,
-) -> list[api.Condition]:
-    """Conditions with `kind` set; lastTransitionTime moves only when status flips."""
-    wanted = "True" if status else "False"
-    out: list[api.Condition] = []
-    previous: api.Condition | None = None
-    for condition in conditions:
-        if condition.type == kind.value:
-            previous = condition
-        else:
-            out.append(condition)
-    moved = previous is None or previous.status != wanted
-    out.append(
-        api.Condition(
-            type=kind.value,
-            status=wanted,
-            reason=reason,
-            message=message,
-            last_transition_time=now
-            if moved or previous is None
-            else previous.last_transition_time,
-            observed_generation=generation,
-        )
-    )
-    # Keep a stable order so that an unchanged set compares equal.
-    order = {kind.value: index for index, kind in enumerate(api.ConditionType)}
-    return sorted(out, key=lambda c: order.get(c.type, len(order)))
-
-
-class _Status:
-    """A mutable draft of the next status, compared with the current one at the end."""
-
-    def __init__(self, job: JobView, now: dt.datetime) -> None:
-        self.job = job
-        self.moment = now
-        self.now = format_time(now)
-        self.fields = job.status.model_dump(exclude_none=True)
-        self.conditions = list(job.status.conditions or [])
-        self.events: list[PostEvent] = []
-
-    def condition(
-        self, kind: api.ConditionType, status: bool, reason: str, message: str = ""
-    ) -> None:
-        self.conditions = set_condition(
-            self.conditions, kind, status, reason, message, self.now, self.job.generation
-        )
-
-    def state(
-        self, state: api.JobState, reason: api.JobReason, message: str, event: str | None = None
-    ) -> None:
-        if self.fields.get("state") != state.value:
-            kind = "Warning" if reason == R.FAILED else "Normal"
-            default = reason.value if state == S.COMPLETE else state.value
-            self.events.append(PostEvent(kind, event or default, message))
-        self.fields.update(state=state, reason=reason, message=message)
-
-    def finish(self, reason: api.JobReason, message: str, cause: str | None = None) -> None:
-        self.state(S.COMPLETE, reason, message, event=cause)
-        self.fields.setdefault("complete_time", self.now)
-        self.fields.pop("suspend_time", None)
-        self.condition(C.RUNNING, False, "Finished", message)
-        self.condition(C.FINISHED, True, cause or reason.value, message)
-        self.condition(C.SUCCEEDED, reason == R.SUCCEEDED, cause or reason.value, message)
-        if any(c.type == C.SUSPENDED.value for c in self.conditions):
-            self.condition(C.SUSPENDED, False, "Finished", message)
-
-    def actions(self, before: list[Action] | None = None) -> list[Action]:
-        self.fields["conditions"] = self.conditions
-        self.fields["observed_generation"] = self.job.generation
-        new = api.LMEvalJobStatus.model_validate(self.fields)
-        if new == self.job.status:
-            return list(before or [])
-        return [*(before or []), PatchStatus(new, self.job.resource_version), *self.events]
-
-
 def decide_failure(job: JobView, now: dt.datetime, message: str) -> Decision:
     """End `job` Failed with `message` (e.g. its pod was refused). Pure."""
-    draft = _Status(job, now)
+    draft = StatusDraft(job, now)
     draft.finish(R.FAILED, message)
     return Decision(draft.actions())
 
@@ -214,7 +129,7 @@ def _schedule(
     except podspec.JobPodError as error:
         return decide_failure(job, now, str(error))
     name = manifest["metadata"]["name"]
-    draft = _Status(job, now)
+    draft = StatusDraft(job, now)
     resumed = job.status.state == S.SUSPENDED
     if resumed:
         paused = _seconds_between(job.status.suspend_time, now)
@@ -249,7 +164,7 @@ def queue_message(slot: QueueSlot) -> str:
 
 
 def _queued(job: JobView, slot: QueueSlot, now: dt.datetime) -> Decision:
-    draft = _Status(job, now)
+    draft = StatusDraft(job, now)
     message = queue_message(slot)
     if job.status.state is None:
         draft.state(S.NEW, R.NO_REASON, message, event="Queued")
@@ -268,7 +183,7 @@ def _stop(
     message: str,
     cause: str | None = None,
 ) -> Decision:
-    draft = _Status(job, now)
+    draft = StatusDraft(job, now)
     draft.finish(reason, message, cause)
     # Results and the archived log are stored before the pod may go.
     return Decision(draft.actions(before=_remove_pod(pod, settings)))
@@ -277,7 +192,7 @@ def _stop(
 def _suspend(job: JobView, pod: PodView | None, settings: Settings, now: dt.datetime) -> Decision:
     if job.status.state == S.SUSPENDED and (pod is None or pod.deleting):
         return Decision()
-    draft = _Status(job, now)
+    draft = StatusDraft(job, now)
     draft.state(S.SUSPENDED, R.NO_REASON, "suspended: spec.suspend is true")
     draft.fields.setdefault("suspend_time", draft.now)
     draft.condition(C.SUSPENDED, True, "Suspended", "spec.suspend is true")
@@ -343,7 +258,7 @@ def _pending_cause(pod: PodView) -> str:
 
 
 def _pending(
-    job: JobView, pod: PodView, settings: Settings, now: dt.datetime, draft: _Status
+    job: JobView, pod: PodView, settings: Settings, now: dt.datetime, draft: StatusDraft
 ) -> Decision | None:
     """Fail a pod that has waited too long; None while it may still start."""
     waited = _seconds_between(pod.created, now)
@@ -364,7 +279,7 @@ def _complete(
 ) -> Decision:
     if pod.main.exit_code == 0 and job.status.results is not None:
         # Read (through exec or the log) while the driver held the container.
-        draft = _Status(job, now)
+        draft = StatusDraft(job, now)
         draft.finish(R.SUCCEEDED, job.status.message or "evaluation finished")
         return Decision(draft.actions())
     if log is None:
@@ -375,7 +290,7 @@ def _complete(
     if pod.main.exit_code == 0 and decoded.results is None and window_full:
         return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, log.tail_lines * 4)])
 
-    draft = _Status(job, now)
+    draft = StatusDraft(job, now)
     actions: list[Action] = []
     outcome = decoded.outcome
     exit_code = pod.main.exit_code
@@ -401,12 +316,12 @@ def _complete(
     else:
         draft.finish(R.FAILED, f"{outcome.message} (exit code {exit_code})")
     if decoded.last_progress:
-        _apply_progress(draft, decoded.last_progress)
+        draft.progress(decoded.last_progress)
     return Decision(draft.actions(before=actions))
 
 
 def _store_results(
-    job: JobView, draft: _Status, found: dict[str, object], source: str
+    job: JobView, draft: StatusDraft, found: dict[str, object], source: str
 ) -> StoreResults:
     """Status fields for `found` results; the action that stores them in full."""
     text, reduced = results.reduce_results(found)
@@ -436,7 +351,7 @@ def _holding(
     settings: Settings,
     log: LogView,
     exec_view: ExecView | None,
-    draft: _Status,
+    draft: StatusDraft,
 ) -> list[Action] | None:
     """Exec mode: the driver reported and holds its container. Read the results
     by exec (falling back to the log), then release the hold. None: not holding."""
@@ -462,24 +377,6 @@ def _holding(
     release = (*podspec.driver_command(settings), "release")
     actions.append(ReleaseHold(pod.name, podspec.MAIN_CONTAINER, release))
     return actions
-
-
-def _apply_progress(draft: _Status, marker: dict[str, object]) -> None:
-    percent = marker.get("percent")
-    phase = str(marker.get("phase") or "")
-    n, total = marker.get("n"), marker.get("total")
-    value = float(percent) if isinstance(percent, int | float) else None
-    counts = f" ({n}/{total})" if n is not None and total is not None else ""
-    line = f"{value:.0f}% {phase}{counts}".strip() if value is not None else phase
-    current = draft.fields.get("progress") or {}
-    if current.get("percent") == value and current.get("phase") == phase:
-        return
-    draft.fields["progress"] = {
-        "percent": value,
-        "phase": phase or None,
-        "line": line[:200] or None,
-        "update_time": draft.now,
-    }
 
 
 def decide(
@@ -548,7 +445,7 @@ def decide(
         message = f"pod {pod.name} was deleted before the evaluation finished"
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodDeleted")
 
-    draft = _Status(job, now)
+    draft = StatusDraft(job, now)
     if state in (None, S.NEW):
         # Adopted a pod made by an earlier poller that died before writing status.
         draft.state(S.SCHEDULED, R.NO_REASON, f"pod {pod.name} created")
@@ -568,7 +465,7 @@ def decide(
     before: list[Action] = []
     if log is not None:
         if log.decoded.last_progress:
-            _apply_progress(draft, log.decoded.last_progress)
+            draft.progress(log.decoded.last_progress)
         held = _holding(job, pod, settings, log, exec_view, draft)
         if held and isinstance(held[0], ExecResults):
             return Decision(held)

@@ -20,6 +20,7 @@ import pytest
 from driver.protocol import decode_lines, encode_marker, encode_results
 from poller import api, decide
 from poller.decide import queue_message
+from poller.draft import set_condition
 from poller.model import (
     ArchiveLog,
     ContainerView,
@@ -420,10 +421,10 @@ def test_progress_read_is_requested_only_when_due() -> None:
 
 
 def test_condition_transition_time_moves_only_on_flip() -> None:
-    first = decide.set_condition([], api.ConditionType.RUNNING, True, "A", "", "t1", 1)
-    same = decide.set_condition(first, api.ConditionType.RUNNING, True, "B", "m", "t2", 2)
+    first = set_condition([], api.ConditionType.RUNNING, True, "A", "", "t1", 1)
+    same = set_condition(first, api.ConditionType.RUNNING, True, "B", "m", "t2", 2)
     assert same[0].last_transition_time == "t1" and same[0].observed_generation == 2
-    flipped = decide.set_condition(same, api.ConditionType.RUNNING, False, "C", "", "t3", 2)
+    flipped = set_condition(same, api.ConditionType.RUNNING, False, "C", "", "t3", 2)
     assert flipped[0].last_transition_time == "t3"
 
 

@@ -1,0 +1,124 @@
+"""The next status of a job, drafted field by field and written only if it changed.
+
+`decide` builds a `StatusDraft` from the job's current status, moves its
+state, conditions and progress, and asks it for the actions at the end: no
+action at all when the draft equals the current status (which is what keeps
+an idle cycle from writing anything), else one status patch guarded by the
+resourceVersion the job was read at, followed by one Event per state change.
+Conditions follow the Kubernetes convention: `lastTransitionTime` moves only
+when a condition's status flips, and `observedGeneration` says which spec
+generation the condition reflects. Pure: no I/O, no clock of its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from poller import api
+from poller.model import Action, JobView, PatchStatus, PostEvent, format_time
+
+__all__ = ["StatusDraft", "set_condition"]
+
+C = api.ConditionType
+S = api.JobState
+R = api.JobReason
+
+
+def set_condition(
+    conditions: list[api.Condition],
+    kind: api.ConditionType,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int,
+) -> list[api.Condition]:
+    """Conditions with `kind` set; lastTransitionTime moves only when status flips."""
+    wanted = "True" if status else "False"
+    out: list[api.Condition] = []
+    previous: api.Condition | None = None
+    for condition in conditions:
+        if condition.type == kind.value:
+            previous = condition
+        else:
+            out.append(condition)
+    moved = previous is None or previous.status != wanted
+    out.append(
+        api.Condition(
+            type=kind.value,
+            status=wanted,
+            reason=reason,
+            message=message,
+            last_transition_time=now
+            if moved or previous is None
+            else previous.last_transition_time,
+            observed_generation=generation,
+        )
+    )
+    # Keep a stable order so that an unchanged set compares equal.
+    order = {kind.value: index for index, kind in enumerate(api.ConditionType)}
+    return sorted(out, key=lambda c: order.get(c.type, len(order)))
+
+
+class StatusDraft:
+    """A mutable draft of the next status, compared with the current one at the end."""
+
+    def __init__(self, job: JobView, now: dt.datetime) -> None:
+        self.job = job
+        self.moment = now
+        self.now = format_time(now)
+        self.fields = job.status.model_dump(exclude_none=True)
+        self.conditions = list(job.status.conditions or [])
+        self.events: list[PostEvent] = []
+
+    def condition(
+        self, kind: api.ConditionType, status: bool, reason: str, message: str = ""
+    ) -> None:
+        self.conditions = set_condition(
+            self.conditions, kind, status, reason, message, self.now, self.job.generation
+        )
+
+    def state(
+        self, state: api.JobState, reason: api.JobReason, message: str, event: str | None = None
+    ) -> None:
+        if self.fields.get("state") != state.value:
+            kind = "Warning" if reason == R.FAILED else "Normal"
+            default = reason.value if state == S.COMPLETE else state.value
+            self.events.append(PostEvent(kind, event or default, message))
+        self.fields.update(state=state, reason=reason, message=message)
+
+    def finish(self, reason: api.JobReason, message: str, cause: str | None = None) -> None:
+        self.state(S.COMPLETE, reason, message, event=cause)
+        self.fields.setdefault("complete_time", self.now)
+        self.fields.pop("suspend_time", None)
+        self.condition(C.RUNNING, False, "Finished", message)
+        self.condition(C.FINISHED, True, cause or reason.value, message)
+        self.condition(C.SUCCEEDED, reason == R.SUCCEEDED, cause or reason.value, message)
+        if any(c.type == C.SUSPENDED.value for c in self.conditions):
+            self.condition(C.SUSPENDED, False, "Finished", message)
+
+    def progress(self, marker: dict[str, object]) -> None:
+        """Take a driver progress marker (untrusted: only its numbers and a short text)."""
+        percent = marker.get("percent")
+        phase = str(marker.get("phase") or "")
+        n, total = marker.get("n"), marker.get("total")
+        value = float(percent) if isinstance(percent, int | float) else None
+        counts = f" ({n}/{total})" if n is not None and total is not None else ""
+        line = f"{value:.0f}% {phase}{counts}".strip() if value is not None else phase
+        current = self.fields.get("progress") or {}
+        if current.get("percent") == value and current.get("phase") == phase:
+            return
+        self.fields["progress"] = {
+            "percent": value,
+            "phase": phase or None,
+            "line": line[:200] or None,
+            "update_time": self.now,
+        }
+
+    def actions(self, before: list[Action] | None = None) -> list[Action]:
+        self.fields["conditions"] = self.conditions
+        self.fields["observed_generation"] = self.job.generation
+        new = api.LMEvalJobStatus.model_validate(self.fields)
+        if new == self.job.status:
+            return list(before or [])
+        return [*(before or []), PatchStatus(new, self.job.resource_version), *self.events]
