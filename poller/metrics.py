@@ -10,13 +10,9 @@ Two kinds of series, kept apart on purpose:
   a string from a user never becomes a label of a counter or a histogram,
   because those series live as long as the process and a user who creates
   jobs with fresh names would otherwise grow them without bound.
-* **Jobs** (`JobCollector`): built at scrape time from the last cycle's
-  snapshot, an immutable tuple replaced as a whole after each cycle. Nothing
-  per job is remembered between cycles, so a deleted job's series are gone
-  from the next scrape instead of lingering at their last value, and the
-  memory they need is bounded by the jobs that exist. A job's scores are
-  parsed from its results JSON once, when its view is built
-  (`poller.model.JobView.scores`), not on every scrape.
+* **Jobs** (`poller.jobmetrics.JobCollector`, registered here): built at
+  scrape time from the last cycle's snapshot, so a deleted job's series are
+  gone from the next scrape.
 
 No label is ever named ``job`` or ``instance``: Prometheus attaches those to
 every scraped series itself. ``_created`` series are switched off: they double
@@ -29,15 +25,13 @@ threaded HTTP server that tests can start on 127.0.0.1:0 and stop.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
@@ -50,14 +44,12 @@ from prometheus_client import (
     disable_created_metrics,
     make_wsgi_app,
 )
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
-from prometheus_client.registry import Collector
 
 from poller import api
 from poller.cycle import CycleReport
+from poller.jobmetrics import JobCollector, timestamp
 from poller.model import JobView
-from poller.results import Score
 
 __all__ = [
     "JOB_DURATION_BUCKETS",
@@ -72,7 +64,6 @@ log = logging.getLogger(__name__)
 # Off for every registry in the process (a global switch of prometheus_client).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-STATES = tuple(state.value for state in api.JobState)
 REASONS = tuple(reason.value for reason in api.JobReason)
 # Evaluations take from seconds (tiny tasks, `limit`) to days (full suites).
 JOB_DURATION_BUCKETS = (
@@ -85,155 +76,6 @@ CYCLE_DURATION_BUCKETS = (
 # /healthz fails when no cycle succeeded for this many intervals (or cycle durations).
 STALE_CYCLES = 5
 STALE_FLOOR_SECONDS = 60.0
-
-
-def _timestamp(text: str | None) -> float | None:
-    """Seconds since the epoch of an RFC 3339 time, or None."""
-    if not text:
-        return None
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
-
-
-@dataclass(frozen=True, slots=True)
-class _JobSeries:
-    """What the collector exposes for one job, computed once per snapshot."""
-
-    namespace: str
-    name: str
-    model: str
-    state: str
-    reason: str
-    started: float | None
-    completed: float | None
-    progress: float | None
-    results: tuple[Score, ...]
-
-
-def _progress_ratio(job: JobView) -> float | None:
-    status = job.status
-    percent = status.progress.percent if status.progress else None
-    if percent is not None and math.isfinite(percent):
-        return min(max(percent / 100.0, 0.0), 1.0)
-    if status.state == api.JobState.COMPLETE and status.reason == api.JobReason.SUCCEEDED:
-        return 1.0
-    return None
-
-
-class JobCollector(Collector):
-    """Per-job series from the last cycle's snapshot (and nothing older)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._series: tuple[_JobSeries, ...] = ()
-
-    def update(self, jobs: Iterable[JobView]) -> None:
-        """Replace the snapshot; the next scrape sees exactly these jobs."""
-        series: list[_JobSeries] = []
-        for job in jobs:
-            status = job.status
-            series.append(
-                _JobSeries(
-                    namespace=job.namespace,
-                    name=job.name,
-                    model=str(job.spec.get("model") or ""),
-                    state=(status.state or api.JobState.NEW).value,
-                    reason=(status.reason or api.JobReason.NO_REASON).value,
-                    started=_timestamp(status.last_schedule_time),
-                    completed=_timestamp(status.complete_time),
-                    progress=_progress_ratio(job),
-                    # Parsed once, when the view was built (see JobView.scores).
-                    results=job.scores,
-                )
-            )
-        snapshot = tuple(sorted(series, key=lambda s: (s.namespace, s.name)))
-        with self._lock:
-            self._series = snapshot
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self._families(()))
-
-    def collect(self) -> Iterable[Metric]:
-        with self._lock:
-            series = self._series
-        # A generator: the exposition writes each family before the next is
-        # built, so a scrape of 10000 jobs holds one family's samples at a time.
-        return self._families(series)
-
-    @staticmethod
-    def _families(series: Sequence[_JobSeries]) -> Iterator[Metric]:
-        ids = ["namespace", "lmevaljob"]
-        counts = GaugeMetricFamily(
-            "lmeval_jobs", "LMEvalJobs by namespace and state.", labels=["namespace", "state"]
-        )
-        per_namespace: dict[str, dict[str, int]] = {}
-        for job in series:
-            states = per_namespace.setdefault(job.namespace, dict.fromkeys(STATES, 0))
-            states[job.state] = states.get(job.state, 0) + 1
-        for namespace, states in sorted(per_namespace.items()):
-            for state, count in states.items():
-                counts.add_metric([namespace, state], count)
-        yield counts
-        info = InfoMetricFamily(
-            "lmeval_job",
-            "One series per LMEvalJob (value 1) carrying its model, state and reason.",
-            labels=[*ids, "model", "state", "reason"],
-        )
-        for job in series:
-            info.add_metric(
-                [job.namespace, job.name],
-                {"model": job.model, "state": job.state, "reason": job.reason},
-            )
-        yield info
-        for name, text, value_of in (
-            (
-                "lmeval_job_start_timestamp_seconds",
-                "When the job's pod was last scheduled (status.lastScheduleTime).",
-                attrgetter("started"),
-            ),
-            (
-                "lmeval_job_completion_timestamp_seconds",
-                "When the job finished (status.completeTime).",
-                attrgetter("completed"),
-            ),
-            (
-                "lmeval_job_progress_ratio",
-                "Share of the evaluation done, 0 to 1, as the driver last reported it.",
-                attrgetter("progress"),
-            ),
-        ):
-            family = GaugeMetricFamily(name, text, labels=ids)
-            for job in series:
-                if (value := value_of(job)) is not None:
-                    family.add_metric([job.namespace, job.name], value)
-            yield family
-        for name, text, stderr in (
-            (
-                "lmeval_job_result",
-                "Evaluation score of a finished job: lm_eval results[task]['metric,filter'].",
-                False,
-            ),
-            (
-                "lmeval_job_result_stderr",
-                "Standard error of lmeval_job_result: "
-                "lm_eval results[task]['metric_stderr,filter'].",
-                True,
-            ),
-        ):
-            family = GaugeMetricFamily(name, text, labels=[*ids, "task", "metric", "filter"])
-            for job in series:
-                for score in job.results:
-                    if score.stderr == stderr:
-                        family.add_metric(
-                            [job.namespace, job.name, score.task, score.metric, score.filter],
-                            score.value,
-                        )
-            yield family
 
 
 class _PollerLike(Protocol):
@@ -407,8 +249,8 @@ class PollerMetrics:
             if status.state != api.JobState.COMPLETE or job.uid in self._observed:
                 continue
             self._observed.add(job.uid)
-            end = _timestamp(status.complete_time)
-            begin = _timestamp(status.last_schedule_time) or _timestamp(job.creation_timestamp)
+            end = timestamp(status.complete_time)
+            begin = timestamp(status.last_schedule_time) or timestamp(job.creation_timestamp)
             # completeTime has whole seconds: allow the one this process started in.
             if end is None or begin is None or end < math.floor(self.completed_since):
                 continue

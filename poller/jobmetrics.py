@@ -1,0 +1,181 @@
+"""Per-job Prometheus series: every LMEvalJob's state, times, progress and scores.
+
+Built at scrape time from the last cycle's snapshot, an immutable tuple
+replaced as a whole after each cycle. Nothing per job is remembered between
+cycles, so a deleted job's series are gone from the next scrape instead of
+lingering at their last value, and the memory they need is bounded by the
+jobs that exist. A job's scores were parsed from its results JSON once, when
+its view was built (`poller.model.JobView.scores`), not on every scrape; and
+a scrape builds one metric family at a time, so exposing 10000 jobs never
+holds all their samples at once. `poller.metrics` registers the collector
+next to the poller's own health metrics.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from poller import api
+from poller.model import JobView
+from poller.results import Score
+
+__all__ = ["STATES", "JobCollector", "timestamp"]
+
+STATES = tuple(state.value for state in api.JobState)
+
+
+def timestamp(text: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time, or None."""
+    if not text:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class _JobSeries:
+    """What the collector exposes for one job, computed once per snapshot."""
+
+    namespace: str
+    name: str
+    model: str
+    state: str
+    reason: str
+    started: float | None
+    completed: float | None
+    progress: float | None
+    results: tuple[Score, ...]
+
+
+def _progress_ratio(job: JobView) -> float | None:
+    status = job.status
+    percent = status.progress.percent if status.progress else None
+    if percent is not None and math.isfinite(percent):
+        return min(max(percent / 100.0, 0.0), 1.0)
+    if status.state == api.JobState.COMPLETE and status.reason == api.JobReason.SUCCEEDED:
+        return 1.0
+    return None
+
+
+class JobCollector(Collector):
+    """Per-job series from the last cycle's snapshot (and nothing older)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._series: tuple[_JobSeries, ...] = ()
+
+    def update(self, jobs: Iterable[JobView]) -> None:
+        """Replace the snapshot; the next scrape sees exactly these jobs."""
+        series: list[_JobSeries] = []
+        for job in jobs:
+            status = job.status
+            series.append(
+                _JobSeries(
+                    namespace=job.namespace,
+                    name=job.name,
+                    model=str(job.spec.get("model") or ""),
+                    state=(status.state or api.JobState.NEW).value,
+                    reason=(status.reason or api.JobReason.NO_REASON).value,
+                    started=timestamp(status.last_schedule_time),
+                    completed=timestamp(status.complete_time),
+                    progress=_progress_ratio(job),
+                    # Parsed once, when the view was built (see JobView.scores).
+                    results=job.scores,
+                )
+            )
+        snapshot = tuple(sorted(series, key=lambda s: (s.namespace, s.name)))
+        with self._lock:
+            self._series = snapshot
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(()))
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            series = self._series
+        # A generator: the exposition writes each family before the next is
+        # built, so a scrape of 10000 jobs holds one family's samples at a time.
+        return self._families(series)
+
+    @staticmethod
+    def _families(series: Sequence[_JobSeries]) -> Iterator[Metric]:
+        ids = ["namespace", "lmevaljob"]
+        counts = GaugeMetricFamily(
+            "lmeval_jobs", "LMEvalJobs by namespace and state.", labels=["namespace", "state"]
+        )
+        per_namespace: dict[str, dict[str, int]] = {}
+        for job in series:
+            states = per_namespace.setdefault(job.namespace, dict.fromkeys(STATES, 0))
+            states[job.state] = states.get(job.state, 0) + 1
+        for namespace, states in sorted(per_namespace.items()):
+            for state, count in states.items():
+                counts.add_metric([namespace, state], count)
+        yield counts
+        info = InfoMetricFamily(
+            "lmeval_job",
+            "One series per LMEvalJob (value 1) carrying its model, state and reason.",
+            labels=[*ids, "model", "state", "reason"],
+        )
+        for job in series:
+            info.add_metric(
+                [job.namespace, job.name],
+                {"model": job.model, "state": job.state, "reason": job.reason},
+            )
+        yield info
+        for name, text, value_of in (
+            (
+                "lmeval_job_start_timestamp_seconds",
+                "When the job's pod was last scheduled (status.lastScheduleTime).",
+                attrgetter("started"),
+            ),
+            (
+                "lmeval_job_completion_timestamp_seconds",
+                "When the job finished (status.completeTime).",
+                attrgetter("completed"),
+            ),
+            (
+                "lmeval_job_progress_ratio",
+                "Share of the evaluation done, 0 to 1, as the driver last reported it.",
+                attrgetter("progress"),
+            ),
+        ):
+            family = GaugeMetricFamily(name, text, labels=ids)
+            for job in series:
+                if (value := value_of(job)) is not None:
+                    family.add_metric([job.namespace, job.name], value)
+            yield family
+        for name, text, stderr in (
+            (
+                "lmeval_job_result",
+                "Evaluation score of a finished job: lm_eval results[task]['metric,filter'].",
+                False,
+            ),
+            (
+                "lmeval_job_result_stderr",
+                "Standard error of lmeval_job_result: "
+                "lm_eval results[task]['metric_stderr,filter'].",
+                True,
+            ),
+        ):
+            family = GaugeMetricFamily(name, text, labels=[*ids, "task", "metric", "filter"])
+            for job in series:
+                for score in job.results:
+                    if score.stderr == stderr:
+                        family.add_metric(
+                            [job.namespace, job.name, score.task, score.metric, score.filter],
+                            score.value,
+                        )
+            yield family
