@@ -9,25 +9,29 @@ never one that finished before the process started; API requests are counted
 by verb/resource/code; a standby (its cycles skipped, not the leader) is
 alive but exposes no per-job series; no label is named `job` or `instance`, counters and
 histograms carry no user strings, and no `_created` series is exposed; the
-HTTP server serves /metrics, /healthz and /readyz and stops.
+HTTP server serves /metrics, /healthz and /readyz and stops; the streamed
+exposition gives prometheus_client's own bytes for every format, gzip and
+name[] filter.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from poller import api
 from poller.cycle import CycleReport
-from poller.metrics import MetricsServer, PollerMetrics, serve
+from poller.metrics import MetricsServer, PollerMetrics, exposition_app, serve
 from poller.results import parse_scores
 from tests.metrics.conftest import TOY_RESULTS, make_job
 
@@ -451,3 +455,44 @@ def test_reason_vocabulary_matches_the_api() -> None:
         if name == "lmeval_job_duration_seconds_count"
     }
     assert reasons == {r.value for r in api.JobReason} - {"NoReason"}
+
+
+def _wsgi_get(app: Any, query: str, headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": query}
+    environ.update({f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()})
+    sent: dict[str, str] = {}
+
+    def start_response(status: str, response_headers: list[tuple[str, str]]) -> None:
+        assert status == "200 OK"
+        sent.update(response_headers)
+
+    body = b"".join(app(environ, start_response))
+    return sent, body
+
+
+@pytest.mark.parametrize(
+    ("headers", "query"),
+    [
+        ({}, ""),
+        ({"Accept": "application/openmetrics-text; version=1.0.0"}, ""),
+        ({"Accept-Encoding": "gzip"}, ""),
+        ({"Accept": "application/openmetrics-text", "Accept-Encoding": "gzip"}, ""),
+        ({}, "name[]=lmeval_job_result&name[]=lmeval_poll_cycles_total"),
+    ],
+)
+def test_streamed_exposition_is_what_prometheus_client_serves(
+    metrics: PollerMetrics, registry: CollectorRegistry, headers: dict[str, str], query: str
+) -> None:
+    # A scrape streams one family at a time; the bytes must be the library's own.
+    jobs = [
+        make_job(f"j{i}", state="Complete", reason="Succeeded", results=TOY_RESULTS)
+        for i in range(30)
+    ]
+    cycle(metrics, *jobs, make_job("running", percent=40.0))
+    want_headers, want = _wsgi_get(make_wsgi_app(registry), query, headers)
+    got_headers, got = _wsgi_get(exposition_app(registry), query, headers)
+    assert got_headers == want_headers
+    if want_headers.get("Content-Encoding") == "gzip":
+        want, got = gzip.decompress(want), gzip.decompress(got)
+    assert got == want
+    assert b"lmeval_job_result" in got
