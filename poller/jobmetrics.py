@@ -71,7 +71,15 @@ def _progress_ratio(job: JobView) -> float | None:
 
 
 class JobCollector(Collector):
-    """Per-job series from the last cycle's snapshot (and nothing older)."""
+    """Per-job series from the last cycle's snapshot (and nothing older).
+
+    A family of many jobs is yielded in parts of `chunk_jobs` jobs, one after
+    the other under the same name; `poller.metrics.exposition_app` writes
+    them as one family (a plain ``make_wsgi_app`` would repeat its header).
+    """
+
+    # About 1 MiB of samples per part with a few scores a job.
+    chunk_jobs = 500
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -101,17 +109,18 @@ class JobCollector(Collector):
             self._series = snapshot
 
     def describe(self) -> Iterable[Metric]:
-        return list(self._families(()))
+        return list(self._families((), self.chunk_jobs))
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             series = self._series
         # A generator: the exposition writes each family before the next is
-        # built, so a scrape of 10000 jobs holds one family's samples at a time.
-        return self._families(series)
+        # built, so a scrape holds the samples of `chunk_jobs` jobs at a time.
+        return self._families(series, self.chunk_jobs)
 
     @staticmethod
-    def _families(series: Sequence[_JobSeries]) -> Iterator[Metric]:
+    def _families(series: Sequence[_JobSeries], chunk: int) -> Iterator[Metric]:
+        """The families; one with many jobs comes as consecutive parts of one name."""
         ids = ["namespace", "lmevaljob"]
         counts = GaugeMetricFamily(
             "lmeval_jobs", "LMEvalJobs by namespace and state.", labels=["namespace", "state"]
@@ -124,17 +133,18 @@ class JobCollector(Collector):
             for state, count in states.items():
                 counts.add_metric([namespace, state], count)
         yield counts
-        info = InfoMetricFamily(
-            "lmeval_job",
-            "One series per LMEvalJob (value 1) carrying its model, state and reason.",
-            labels=[*ids, "model", "state", "reason"],
-        )
-        for job in series:
-            info.add_metric(
-                [job.namespace, job.name],
-                {"model": job.model, "state": job.state, "reason": job.reason},
+        for part in _parts(series, chunk):
+            info = InfoMetricFamily(
+                "lmeval_job",
+                "One series per LMEvalJob (value 1) carrying its model, state and reason.",
+                labels=[*ids, "model", "state", "reason"],
             )
-        yield info
+            for job in part:
+                info.add_metric(
+                    [job.namespace, job.name],
+                    {"model": job.model, "state": job.state, "reason": job.reason},
+                )
+            yield info
         for name, text, value_of in (
             (
                 "lmeval_job_start_timestamp_seconds",
@@ -152,11 +162,12 @@ class JobCollector(Collector):
                 attrgetter("progress"),
             ),
         ):
-            family = GaugeMetricFamily(name, text, labels=ids)
-            for job in series:
-                if (value := value_of(job)) is not None:
-                    family.add_metric([job.namespace, job.name], value)
-            yield family
+            for part in _parts(series, chunk):
+                family = GaugeMetricFamily(name, text, labels=ids)
+                for job in part:
+                    if (value := value_of(job)) is not None:
+                        family.add_metric([job.namespace, job.name], value)
+                yield family
         for name, text, stderr in (
             (
                 "lmeval_job_result",
@@ -170,12 +181,19 @@ class JobCollector(Collector):
                 True,
             ),
         ):
-            family = GaugeMetricFamily(name, text, labels=[*ids, "task", "metric", "filter"])
-            for job in series:
-                for score in job.results:
-                    if score.stderr == stderr:
-                        family.add_metric(
-                            [job.namespace, job.name, score.task, score.metric, score.filter],
-                            score.value,
-                        )
-            yield family
+            for part in _parts(series, chunk):
+                family = GaugeMetricFamily(name, text, labels=[*ids, "task", "metric", "filter"])
+                for job in part:
+                    for score in job.results:
+                        if score.stderr == stderr:
+                            family.add_metric(
+                                [job.namespace, job.name, score.task, score.metric, score.filter],
+                                score.value,
+                            )
+                yield family
+
+
+def _parts(series: Sequence[_JobSeries], size: int) -> Iterator[Sequence[_JobSeries]]:
+    """`series` in slices of `size` (one empty slice when there is none)."""
+    for start in range(0, max(len(series), 1), size):
+        yield series[start : start + size]

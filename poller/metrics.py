@@ -334,8 +334,9 @@ def exposition_app(registry: CollectorRegistry) -> WsgiApp:
     ``make_wsgi_app`` formats the whole registry into one string, encodes it
     and gzips it: at 10000 jobs about 10 MB of text, held three times over,
     on top of every sample at once. Streamed, a scrape holds one family's
-    samples and text. The same bytes come out (text or OpenMetrics by the
-    Accept header, gzip by Accept-Encoding, the ``name[]`` filter).
+    samples and text, or one part's of a family that comes in parts. The
+    same bytes come out (text or OpenMetrics by the Accept header, gzip by
+    Accept-Encoding, the ``name[]`` filter).
     """
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -357,7 +358,7 @@ def _stream(
     source: Collector, encoder: Callable[[Collector], bytes], *, openmetrics: bool, gzipped: bool
 ) -> Iterator[bytes]:
     compressor = zlib.compressobj(wbits=31) if gzipped else None  # 31: a gzip stream
-    chunks: Iterator[bytes] = (encoder(_OneFamily(family)) for family in source.collect())
+    chunks: Iterator[bytes] = _family_texts(source, encoder)
     if openmetrics:  # each encoding ends with "# EOF"; the whole must end so, once
         chunks = itertools.chain(
             (chunk.removesuffix(_OPENMETRICS_EOF) for chunk in chunks), [_OPENMETRICS_EOF]
@@ -368,6 +369,19 @@ def _stream(
             yield out
     if compressor is not None:
         yield compressor.flush()
+
+
+def _family_texts(source: Collector, encoder: Callable[[Collector], bytes]) -> Iterator[bytes]:
+    """Each family's exposition; a part that continues the previous family (same
+    name, see `JobCollector`) without the comment lines that open a family."""
+    previous = None
+    for family in source.collect():
+        text = encoder(_OneFamily(family))
+        if family.name == previous:
+            while text.startswith(b"#") and not text.startswith(_OPENMETRICS_EOF):
+                text = text.partition(b"\n")[2]
+        previous = family.name
+        yield text
 
 
 def _app(metrics: PollerMetrics) -> WsgiApp:

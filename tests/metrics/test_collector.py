@@ -11,7 +11,7 @@ alive but exposes no per-job series; no label is named `job` or `instance`, coun
 histograms carry no user strings, and no `_created` series is exposed; the
 HTTP server serves /metrics, /healthz and /readyz and stops; the streamed
 exposition gives prometheus_client's own bytes for every format, gzip and
-name[] filter.
+name[] filter, also when large families are built in parts.
 """
 
 from __future__ import annotations
@@ -496,3 +496,37 @@ def test_streamed_exposition_is_what_prometheus_client_serves(
         want, got = gzip.decompress(want), gzip.decompress(got)
     assert got == want
     assert b"lmeval_job_result" in got
+
+
+@pytest.mark.parametrize(
+    ("headers", "query"),
+    [
+        ({}, ""),
+        ({"Accept": "application/openmetrics-text; version=1.0.0"}, ""),
+        ({"Accept-Encoding": "gzip"}, ""),
+        ({}, "name[]=lmeval_job_result&name[]=lmeval_job_progress_ratio"),
+    ],
+)
+def test_families_in_parts_read_as_one(
+    metrics: PollerMetrics,
+    registry: CollectorRegistry,
+    headers: dict[str, str],
+    query: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Large families are built a few jobs at a time; a scrape cannot tell.
+    jobs = [
+        make_job(f"j{i:02d}", state="Complete", reason="Succeeded", results=TOY_RESULTS)
+        for i in range(23)
+    ]
+    # Parts with no progress sample at all, then parts with some.
+    jobs += [make_job(f"r{i:02d}", percent=10.0 * i) for i in range(9)]
+    cycle(metrics, *jobs)
+    _, whole = _wsgi_get(make_wsgi_app(registry), query, headers)
+    monkeypatch.setattr(metrics.jobs, "chunk_jobs", 4)
+    _, parted = _wsgi_get(exposition_app(registry), query, headers)
+    if headers.get("Accept-Encoding") == "gzip":
+        whole, parted = gzip.decompress(whole), gzip.decompress(parted)
+    assert parted == whole
+    assert parted.count(b"# TYPE lmeval_job_result gauge") == 1
+    assert parted.count(b"lmeval_job_result{") == 23 * 5  # five scores in TOY_RESULTS
