@@ -7,17 +7,20 @@ has one more node, ``lmeval-sandbox``, that kwok leaves alone (it lacks kwok's
 only when it asks to (the node is tainted): the sample jobs carry a
 nodeSelector and a toleration for it.
 
-For each pod bound to the node the runner does what a kubelet does, with
-local processes instead of containers:
+This module is the kubelet's loop, which polls the node's pods and decides
+what each needs next. The work it decides on lives beside it, so that the
+loop reads as the pod lifecycle: podsetup.py (what comes before a container
+starts), runtime.py (the container runtime: start, exit, kill), node.py (what
+the API server sees: the node and the pods' status), localproc.py (the
+processes) and podfs.py (the pure path and field rules). For each pod bound
+to the node the runner:
 
-* materialises the pod's volumes in a per-pod directory that plays the
-  container's root filesystem (``<workdir>/pods/<ns>/<pod>-<uid>/root``):
-  emptyDir and PVC volumes are directories, configMap and secret volumes are
-  files (read as the admin, as a kubelet reads them with its node identity);
-* rewrites every container path that a volume provides (and their parent
-  directories) in the command line, in environment values and in configMap
-  file contents to the local path, so ``--output-root=/outputs`` and an
-  absolute ``data_files`` path in a task YAML both work;
+* prepares it (podsetup): volumes materialised in a per-pod directory that
+  plays the container's root filesystem, and every container path that a
+  volume provides (and their parent directories) rewritten to the local path
+  in the command line, in environment values and in configMap file contents,
+  so ``--output-root=/outputs`` and an absolute ``data_files`` path in a task
+  YAML both work; what is missing yet is CreateContainerConfigError, retried;
 * runs ``python`` as this interpreter and ``lmeval-driver`` as
   ``<this interpreter> -m driver``; init containers that only copy files
   (``cp ...``, the poller's ``install-driver``) are reported Completed
@@ -47,46 +50,37 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from poller.rawapi import send
+from poller.sandbox import node
 from poller.sandbox.identities import api_client
 from poller.sandbox.localproc import (
     Container,
     LocalPod,
-    alive,
-    cri_line,
-    die_with_parent,
-    memory_kib,
     process_table,
-    pump,
     remember_family,
-    rfc3339,
     utc_now,
-    wait_for_exit,
 )
+from poller.sandbox.node import NODE_LABEL, NODE_NAME, NODE_TAINT, placement
 from poller.sandbox.podfs import (
-    HOST_IP,
     ConfigError,
     PathMapper,
-    clean_path,
     copies_only,
     expand_vars,
-    field_value,
     local_argv,
     termination_message,
-    volume_files,
 )
+from poller.sandbox.podsetup import ApiError, JsonApi, PodSetup
+from poller.sandbox.runtime import collect, kill, start, terminate
 
 __all__ = [
     "NODE_LABEL",
@@ -102,72 +96,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-NODE_NAME = "lmeval-sandbox"
-NODE_LABEL = ("sandbox.lmeval.io/local", "true")
-NODE_TAINT = {"key": NODE_LABEL[0], "value": NODE_LABEL[1], "effect": "NoSchedule"}
-# A start error as containerd reports it.
-START_ERROR_CODE = 128
-REQUEST_TIMEOUT = 15.0
 NODE_REFRESH_SECONDS = 20.0
 CONFIG_RETRY_SECONDS = 2.0
-
-
-def placement() -> dict[str, Any]:
-    """The `spec.pod` fields that put a job on the sandbox's local node."""
-    return {
-        "nodeSelector": {NODE_LABEL[0]: NODE_LABEL[1]},
-        "tolerations": [{**NODE_TAINT, "operator": "Equal"}],
-    }
-
-
-# -- the raw API ---------------------------------------------------------------------
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
-
-
-class _Api:
-    """Plain-JSON requests through the client's plumbing (no typed models)."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        response, data = send(
-            self.api,
-            method,
-            path,
-            query=query,
-            body=body,
-            content_type=content_type,
-            timeout=REQUEST_TIMEOUT,
-        )
-        if not 200 <= response.status <= 299:
-            raise ApiError(int(response.status), data.decode("utf-8", "replace"))
-        return json.loads(data) if data else None
-
-    def get(self, path: str, **query: Any) -> Any:
-        return self.request("GET", path, query=query)
-
-    def get_or_none(self, path: str) -> Any:
-        try:
-            return self.get(path)
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
 
 
 class LocalRunner:
@@ -200,10 +130,14 @@ class LocalRunner:
     # -- lifecycle -------------------------------------------------------------------
 
     @property
-    def api(self) -> _Api:
+    def api(self) -> JsonApi:
         if self._api_client is None:
             self._api_client = api_client(self.kubeconfig)
-        return _Api(self._api_client)
+        return JsonApi(self._api_client)
+
+    @property
+    def pod_setup(self) -> PodSetup:
+        return PodSetup(self.api, self.workdir)
 
     def start(self) -> LocalRunner:
         """Register the node and serve it from a background thread."""
@@ -263,91 +197,9 @@ class LocalRunner:
                     return pod.root
         return None
 
-    # -- the node --------------------------------------------------------------------
-
-    def node_body(self) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.node_name,
-                "labels": {
-                    NODE_LABEL[0]: NODE_LABEL[1],
-                    "kubernetes.io/hostname": self.node_name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                },
-                "annotations": {"sandbox.lmeval.io/runner": "local processes"},
-            },
-            "spec": {"taints": [dict(NODE_TAINT)]},
-        }
-
-    def node_status(self, ready: bool = True) -> dict[str, Any]:
-        now = rfc3339(utc_now())
-        capacity = {
-            "cpu": str(os.cpu_count() or 1),
-            "memory": f"{memory_kib()}Ki",
-            "pods": "110",
-            "ephemeral-storage": "100Gi",
-        }
-
-        def condition(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
-            return {
-                "type": kind,
-                "status": "True" if status else "False",
-                "reason": reason,
-                "message": message,
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
-            }
-
-        return {
-            "capacity": capacity,
-            "allocatable": capacity,
-            "addresses": [
-                {"type": "InternalIP", "address": HOST_IP},
-                {"type": "Hostname", "address": self.node_name},
-            ],
-            # The apiserver sends pods/log and pods/exec for this node to kwok,
-            # which serves the logs the runner writes.
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kwok_port}},
-            "conditions": [
-                condition("MemoryPressure", False, "KubeletHasSufficientMemory", ""),
-                condition("DiskPressure", False, "KubeletHasNoDiskPressure", ""),
-                condition("PIDPressure", False, "KubeletHasSufficientPID", ""),
-                condition(
-                    "Ready",
-                    ready,
-                    "KubeletReady" if ready else "KubeletNotReady",
-                    "sandbox runner is serving" if ready else "sandbox runner stopped",
-                ),
-            ],
-            "nodeInfo": {
-                "architecture": "amd64",
-                "operatingSystem": "linux",
-                "osImage": "lmeval sandbox (local processes)",
-                "kernelVersion": os.uname().release,
-                "containerRuntimeVersion": "sandbox-runner://1",
-                "kubeletVersion": "sandbox",
-                "kubeProxyVersion": "",
-                "machineID": "",
-                "systemUUID": "",
-                "bootID": "",
-            },
-        }
-
     def ensure_node(self, ready: bool = True) -> None:
         """Create the node if needed and (re)write its status."""
-        path = f"/api/v1/nodes/{self.node_name}"
-        if ready and self.api.get_or_none(path) is None:
-            with contextlib.suppress(ApiError):
-                self.api.request("POST", "/api/v1/nodes", body=self.node_body())
-        self.api.request(
-            "PATCH",
-            f"{path}/status",
-            body={"status": self.node_status(ready)},
-            content_type="application/strategic-merge-patch+json",
-        )
+        node.ensure_node(self.api, self.node_name, self.kwok_port, ready)
         self._node_refreshed = time.monotonic()
 
     # -- one poll --------------------------------------------------------------------
@@ -381,7 +233,7 @@ class LocalRunner:
             if uid not in objects:
                 # Force-deleted, or finalised by us: nothing may keep running.
                 pod = self._pods[uid]
-                self._kill(pod, process_table())
+                kill(pod, process_table())
                 with self._lock:
                     del self._pods[uid]
 
@@ -424,7 +276,7 @@ class LocalRunner:
         elif not pod.prepared and not pod.lost and time.monotonic() >= pod.retry_at:
             self._try_prepare(pod)
         self._start_next(pod)
-        self._collect(pod, table)
+        collect(pod, table)
         self._report(pod)
         if deleting and (pod.finished() or not pod.running()) and not pod.deleted:
             self._finalize(pod.namespace, pod.name, pod.uid)
@@ -442,34 +294,15 @@ class LocalRunner:
             log.info("pod %s deleted: SIGTERM, SIGKILL in %s s", pod.key, grace)
             # Like a container runtime: SIGTERM to the main process only (it
             # owns the orderly shutdown); containers not started never will be.
-            for c in pod.running():
-                assert c.proc is not None
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(c.proc.pid, signal.SIGTERM)
+            terminate(pod)
         elif pod.kill_at is not None and time.monotonic() >= pod.kill_at and not pod.killed:
-            self._kill(pod, table)
-
-    def _kill(self, pod: LocalPod, table: dict[int, tuple[int, str]]) -> None:
-        """SIGKILL every process of the pod, as removing its cgroup would."""
-        pod.killed = True
-        for c in pod.containers():
-            if c.proc is None:
-                continue
-            remember_family(c, table)
-            victims = {c.proc.pid: None, **c.family}
-            for pid, start in victims.items():
-                if pid == c.proc.pid and c.proc.poll() is not None:
-                    continue
-                if pid != c.proc.pid and not alive(pid, start):
-                    continue
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            kill(pod, table)
 
     # -- set-up ----------------------------------------------------------------------
 
     def _try_prepare(self, pod: LocalPod) -> None:
         try:
-            self._prepare(pod)
+            self.pod_setup.prepare(pod)
         except ConfigError as error:
             log.info("pod %s cannot start yet: %s", pod.key, error)
             for c in pod.containers():
@@ -479,205 +312,6 @@ class LocalRunner:
             return
         pod.prepared = True
         pod.start_time = utc_now()
-
-    def _prepare(self, pod: LocalPod) -> None:
-        spec = pod.obj.get("spec") or {}
-        volumes = {v["name"]: v for v in spec.get("volumes") or []}
-        mounts: list[tuple[str, str, str]] = []  # (mount path, volume, subPath)
-        for c in pod.containers():
-            for m in c.spec.get("volumeMounts") or []:
-                if m["name"] not in volumes:
-                    raise ConfigError(f"volume {m['name']!r} of container {c.name} is not defined")
-                mounts.append((clean_path(m["mountPath"]), m["name"], m.get("subPath") or ""))
-        pod.mapper = PathMapper(pod.root, [path for path, _, _ in mounts])
-        pod.root.mkdir(parents=True, exist_ok=True)
-        (pod.dir / "logs").mkdir(exist_ok=True)
-        (pod.root / "tmp").mkdir(exist_ok=True)
-        # Each volume lives at its first whole mount, or in volumes/ when only
-        # sub-paths of it are mounted; other mounts are symlinks to it.
-        homes: dict[str, Path] = {}
-        for path, name, sub in sorted(mounts, key=lambda m: (m[0].count("/"), m[0])):
-            if name not in homes and not sub:
-                homes[name] = pod.root / path.lstrip("/")
-        for _path, name, _sub in mounts:
-            homes.setdefault(name, pod.dir / "volumes" / name)
-        for name, home in homes.items():
-            self._materialise(pod, volumes[name], home)
-        placed: dict[str, tuple[str, str]] = {}
-        for path, name, sub in mounts:
-            if placed.setdefault(path, (name, sub)) != (name, sub):
-                raise ConfigError(f"two different volumes are mounted at {path}")
-            target = homes[name] / sub if sub else homes[name]
-            where = pod.root / path.lstrip("/")
-            if where == target:
-                continue
-            where.parent.mkdir(parents=True, exist_ok=True)
-            if not where.exists() and not where.is_symlink():
-                where.symlink_to(target)
-        self._create_logs_object(pod)
-
-    def _materialise(self, pod: LocalPod, volume: dict[str, Any], home: Path) -> None:
-        home.mkdir(parents=True, exist_ok=True)
-        if "emptyDir" in volume:
-            return
-        if "persistentVolumeClaim" in volume:
-            claim = volume["persistentVolumeClaim"]["claimName"]
-            shared = self.workdir / "volumes" / pod.namespace / claim
-            shared.mkdir(parents=True, exist_ok=True)
-            home.rmdir()
-            home.symlink_to(shared, target_is_directory=True)
-            return
-        if "projected" in volume:
-            sources = volume["projected"].get("sources") or []
-        elif any(k in volume for k in ("configMap", "secret", "downwardAPI")):
-            sources = [volume]
-        else:
-            kinds = sorted(k for k in volume if k != "name")
-            raise ConfigError(
-                f"volume {volume['name']!r}: {', '.join(kinds)} is not supported here"
-            )
-        files: dict[str, bytes] = {}
-        for source in sources:
-            files.update(self._source_files(pod, source))
-        for rel, data in files.items():
-            target = home / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            target.chmod(0o444)
-
-    def _source_files(self, pod: LocalPod, source: dict[str, Any]) -> dict[str, bytes]:
-        """The files one volume source (or projection source) provides."""
-        if "serviceAccountToken" in source:
-            # What the kubelet does for a projected token: a TokenRequest
-            # bound to the pod, as the admin.
-            spec = source["serviceAccountToken"]
-            account = (pod.obj.get("spec") or {}).get("serviceAccountName") or "default"
-            response = self.api.request(
-                "POST",
-                f"/api/v1/namespaces/{pod.namespace}/serviceaccounts/{account}/token",
-                body={
-                    "apiVersion": "authentication.k8s.io/v1",
-                    "kind": "TokenRequest",
-                    "spec": {
-                        "audiences": [spec["audience"]] if spec.get("audience") else None,
-                        "expirationSeconds": spec.get("expirationSeconds", 3600),
-                        "boundObjectRef": {
-                            "apiVersion": "v1",
-                            "kind": "Pod",
-                            "name": pod.name,
-                            "uid": pod.uid,
-                        },
-                    },
-                },
-            )
-            return {spec["path"]: response["status"]["token"].encode()}
-        if "downwardAPI" in source:
-            return {
-                item["path"]: field_value(pod.obj, item["fieldRef"]["fieldPath"]).encode()
-                for item in source["downwardAPI"].get("items") or []
-                if "fieldRef" in item
-            }
-        kind = "configMap" if "configMap" in source else "secret"
-        ref = source[kind]
-        name = ref.get("name") or ref.get("secretName") or ""
-        plural = "configmaps" if kind == "configMap" else "secrets"
-        obj = self.api.get_or_none(f"/api/v1/namespaces/{pod.namespace}/{plural}/{name}")
-        if obj is None:
-            if ref.get("optional"):
-                return {}
-            raise ConfigError(f'{kind} "{name}" not found')
-        files = volume_files(obj, kind == "secret")
-        if ref.get("items"):
-            chosen: dict[str, bytes] = {}
-            for item in ref["items"]:
-                if item["key"] in files:
-                    chosen[item["path"]] = files[item["key"]]
-                elif not ref.get("optional"):
-                    raise ConfigError(f'{kind} "{name}" has no key {item["key"]!r}')
-            files = chosen
-        if kind == "configMap":
-            # Task files name their data by absolute in-pod paths.
-            for rel, data in files.items():
-                with contextlib.suppress(UnicodeDecodeError):
-                    files[rel] = pod.mapper.rewrite(data.decode("utf-8")).encode("utf-8")
-        return files
-
-    def _create_logs_object(self, pod: LocalPod) -> None:
-        entries = []
-        for c in pod.containers():
-            c.log_path = pod.dir / "logs" / f"{c.name}.log"
-            c.log_path.touch()
-            entries.append({"containers": [c.name], "logsFile": str(c.log_path), "follow": False})
-        body: dict[str, Any] = {
-            "apiVersion": "kwok.x-k8s.io/v1alpha1",
-            "kind": "Logs",
-            "metadata": {
-                "name": pod.name,
-                "namespace": pod.namespace,
-                # Garbage-collected with the pod.
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
-                ],
-            },
-            "spec": {"logs": entries},
-        }
-        path = f"/apis/kwok.x-k8s.io/v1alpha1/namespaces/{pod.namespace}/logs"
-        try:
-            self.api.request("POST", path, body=body)
-        except ApiError as error:
-            if error.status != 409:
-                raise
-            # A same-named pod's leftover (its garbage collection is pending).
-            old = self.api.get(f"{path}/{pod.name}")
-            body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            self.api.request("PUT", f"{path}/{pod.name}", body=body)
-
-    def _env(self, pod: LocalPod, c: Container) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for source in c.spec.get("envFrom") or []:
-            prefix = source.get("prefix", "")
-            for kind, plural in (("configMapRef", "configmaps"), ("secretRef", "secrets")):
-                if kind not in source:
-                    continue
-                name = source[kind]["name"]
-                obj = self.api.get_or_none(f"/api/v1/namespaces/{pod.namespace}/{plural}/{name}")
-                if obj is None:
-                    if source[kind].get("optional"):
-                        continue
-                    raise ConfigError(f'{plural[:-1]} "{name}" not found')
-                for key, data in volume_files(obj, kind == "secretRef").items():
-                    env[prefix + key] = data.decode("utf-8", "replace")
-        for item in c.spec.get("env") or []:
-            if "valueFrom" in item:
-                value = self._value_from(pod, item["name"], item["valueFrom"])
-                if value is None:
-                    continue
-            else:
-                value = expand_vars(item.get("value", ""), env)
-            env[item["name"]] = value
-        return {key: pod.mapper.rewrite(value) for key, value in env.items()}
-
-    def _value_from(self, pod: LocalPod, name: str, source: dict[str, Any]) -> str | None:
-        for kind, plural, binary in (
-            ("secretKeyRef", "secrets", True),
-            ("configMapKeyRef", "configmaps", False),
-        ):
-            if kind not in source:
-                continue
-            ref = source[kind]
-            obj = self.api.get_or_none(f"/api/v1/namespaces/{pod.namespace}/{plural}/{ref['name']}")
-            files = volume_files(obj, binary) if obj is not None else {}
-            if ref["key"] not in files:
-                if ref.get("optional"):
-                    return None
-                what = "secret" if binary else "configmap"
-                if obj is None:
-                    raise ConfigError(f'{what} "{ref["name"]}" not found')
-                raise ConfigError(f"couldn't find key {ref['key']} in {what} {ref['name']}")
-            return files[ref["key"]].decode("utf-8", "replace")
-        if "fieldRef" in source:
-            return field_value(pod.obj, source["fieldRef"]["fieldPath"])
-        raise ConfigError(f"env {name}: {', '.join(source)} is not supported here")
 
     # -- processes -------------------------------------------------------------------
 
@@ -705,146 +339,18 @@ class LocalRunner:
 
     def _spawn(self, pod: LocalPod, c: Container) -> None:
         try:
-            env = self._env(pod, c)
+            env = self.pod_setup.env(pod, c)
         except ConfigError as error:
             c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(error)
             pod.retry_at = time.monotonic() + CONFIG_RETRY_SECONDS
             return
         c.waiting_reason = c.waiting_message = ""
-        words = [expand_vars(w, env) for w in [*c.spec.get("command", []), *c.spec.get("args", [])]]
-        argv = local_argv(words, pod.mapper, self.python)
-        base = {
-            "PATH": os.pathsep.join(
-                [os.path.dirname(self.python), os.environ.get("PATH", "/usr/bin:/bin")]
-            ),
-            "HOSTNAME": pod.name,
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "TMPDIR": str(pod.root / "tmp"),
-        }
-        env = {**base, **env}
-        cwd = pod.mapper.local(c.spec.get("workingDir") or "/")
-        if cwd == "/":
-            cwd = str(pod.root)
-        Path(cwd).mkdir(parents=True, exist_ok=True)
-        assert c.log_path is not None
-        c.started_at = utc_now()
-        if not c.spec.get("command"):
-            self._start_failed(
-                c,
-                "the sandbox runner cannot run an image's entrypoint: "
-                "the container needs a command",
-            )
-            return
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        except OSError as error:
-            self._start_failed(c, f"failed to start container process: {error}")
-            return
-        c.proc = proc
-        log.info("pod %s: container %s runs as pid %d: %s", pod.key, c.name, proc.pid, argv)
-        handle = c.log_path.open("ab", buffering=0)
-        lock = threading.Lock()
-        assert proc.stdout is not None and proc.stderr is not None
-        readers = [
-            threading.Thread(
-                target=pump, args=(proc.stdout, "stdout", handle, lock, c), daemon=True
-            ),
-            threading.Thread(
-                target=pump, args=(proc.stderr, "stderr", handle, lock, c), daemon=True
-            ),
-        ]
-        c.readers = readers
-        for reader in readers:
-            reader.start()
-        threading.Thread(target=wait_for_exit, args=(c, readers, handle, lock), daemon=True).start()
-
-    def _start_failed(self, c: Container, message: str) -> None:
-        c.exit_code, c.reason, c.message = START_ERROR_CODE, "StartError", message
-        c.finished_at = utc_now()
-        if c.log_path is not None:
-            with c.log_path.open("ab") as handle:
-                handle.write(cri_line(b"stderr", message.encode()))
-
-    def _collect(self, pod: LocalPod, table: dict[int, tuple[int, str]]) -> None:
-        """Turn exited processes into terminated container states."""
-        for c in pod.containers():
-            if c.exit_code is not None or c.proc is None or c.proc.poll() is None:
-                continue
-            if not c.orphans_killed:
-                # As when a container's PID 1 exits: nothing it started survives
-                # (and nothing keeps its output pipes open).
-                c.orphans_killed = True
-                remember_family(c, table)
-                for pid, start in c.family.items():
-                    if alive(pid, start):
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(pid, signal.SIGKILL)
-            if not c.drained():
-                continue
-            code = c.proc.returncode
-            assert code is not None
-            if code < 0:
-                c.signal = -code
-                c.exit_code = 128 - code
-            else:
-                c.exit_code = code
-            c.reason = "Completed" if c.exit_code == 0 else "Error"
-            policy = c.spec.get("terminationMessagePolicy")
-            if c.exit_code != 0 and policy == "FallbackToLogsOnError":
-                with c._lock:
-                    c.message = termination_message(c.tail)
-            log.info("pod %s: container %s exited with %d", pod.key, c.name, c.exit_code)
+        start(pod, c, env, self.python)
 
     # -- reporting -------------------------------------------------------------------
 
-    def _condition(self, pod: LocalPod, kind: str, ok: bool, reason: str = "") -> dict[str, Any]:
-        status = "True" if ok else "False"
-        previous = pod.transitions.get(kind)
-        when = previous[1] if previous and previous[0] == status else rfc3339(utc_now())
-        pod.transitions[kind] = (status, when)
-        out = {"type": kind, "status": status, "lastTransitionTime": when, "lastProbeTime": None}
-        if reason:
-            out["reason"] = reason
-        return out
-
     def _report(self, pod: LocalPod) -> None:
-        phase = pod.phase()
-        initialized = all(c.state == "terminated" and c.exit_code == 0 for c in pod.init)
-        ready = phase == "Running" and all(c.state == "running" for c in pod.main)
-        done = phase in ("Succeeded", "Failed")
-        not_ready = "PodCompleted" if done else "ContainersNotReady"
-        status: dict[str, Any] = {
-            "phase": phase,
-            "hostIP": HOST_IP,
-            "hostIPs": [{"ip": HOST_IP}],
-            "conditions": [
-                self._condition(pod, "PodReadyToStartContainers", pod.prepared),
-                self._condition(
-                    pod,
-                    "Initialized",
-                    initialized,
-                    "" if initialized else "ContainersNotInitialized",
-                ),
-                self._condition(pod, "ContainersReady", ready, "" if ready else not_ready),
-                self._condition(pod, "Ready", ready, "" if ready else not_ready),
-            ],
-            "containerStatuses": [c.status() for c in pod.main],
-        }
-        if pod.init:
-            status["initContainerStatuses"] = [c.status() for c in pod.init]
-        if pod.start_time is not None:
-            status["startTime"] = rfc3339(pod.start_time)
-        if pod.lost:
-            status["reason"] = "ContainerStatusUnknown"
+        status = node.pod_status(pod)
         comparable = json.loads(json.dumps(status))
         for condition in comparable["conditions"]:
             condition.pop("lastTransitionTime", None)
@@ -857,7 +363,7 @@ class LocalRunner:
             content_type="application/strategic-merge-patch+json",
         )
         pod.reported = comparable
-        log.info("pod %s: reported phase %s", pod.key, phase)
+        log.info("pod %s: reported phase %s", pod.key, status["phase"])
 
     def _finalize(self, namespace: str, name: str, uid: str) -> None:
         """Remove a deleted pod for good, as the kubelet does once it has stopped."""
@@ -876,24 +382,21 @@ class LocalRunner:
         """Stop every running pod; report what happened when the API still answers."""
         running = [pod for pod in self._pods.values() if pod.running()]
         for pod in running:
-            for c in pod.running():
-                assert c.proc is not None
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(c.proc.pid, signal.SIGTERM)
+            terminate(pod)
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and any(p.running() for p in running):
             table = process_table()
             for pod in running:
-                self._collect(pod, table)
+                collect(pod, table)
             time.sleep(0.1)
         table = process_table()
         for pod in running:
-            self._kill(pod, table)
+            kill(pod, table)
             for c in pod.running():
                 assert c.proc is not None
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     c.proc.wait(5)
-            self._collect(pod, table)
+            collect(pod, table)
             with contextlib.suppress(Exception):
                 self._report(pod)
         with contextlib.suppress(Exception):
