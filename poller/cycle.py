@@ -21,8 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,6 +62,8 @@ MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
 # were cut off; each round is one log read.
 MAX_LOG_ROUNDS = 4
 OPENSHIFT_UID_RANGE = "openshift.io/sa.scc.uid-range"
+# Jobs acting at once in a cycle (each one's own requests stay in order).
+ACTION_WORKERS = 4
 # Enough lines to hold log-archive-bytes of ordinary output.
 ARCHIVE_TAIL_LINES = 5000
 
@@ -84,6 +88,18 @@ class CycleReport:
     # Every job as it stands after this cycle (status as written), for the
     # metrics collector: an immutable picture of the last cycle.
     snapshot: list[JobView] = field(default_factory=list)
+    # Jobs act on several threads (see Poller.run_cycle): counts go through it.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, *, patches: int = 0, pods_created: int = 0) -> None:
+        with self._lock:
+            self.patches += patches
+            self.pods_created += pods_created
+
+    def add_error(self, message: str) -> None:
+        with self._lock:
+            self.errors += 1
+            self.error_messages.append(message)
 
 
 class Poller:
@@ -176,16 +192,28 @@ class Poller:
         queue = plan_queue(jobs, by_owner, settings.max_running_jobs)
         # Transitions first, progress reads after: each progress read is a log
         # GET, and a job whose pod just ended must not wait behind dozens of them.
+        # Deciding is pure and cheap; the jobs with something to do act on a
+        # few threads at once, since one job's requests (log read, results,
+        # status, event) never depend on another's.
+        outcomes: list[JobView | Future[JobView]] = []
+        with ThreadPoolExecutor(ACTION_WORKERS, thread_name_prefix="lmeval-act") as pool:
+            for job in jobs:
+                if not self.may_act():
+                    report.skipped = True
+                    break
+                pod, slot = by_owner.get(job.uid), queue.get(job.uid)
+                if self._has_work(job, pod, settings, slot):
+                    outcomes.append(
+                        pool.submit(self._reconcile_safely, job, pod, settings, report, slot)
+                    )
+                else:
+                    outcomes.append(job)
         progress_due: list[int] = []  # indexes into report.snapshot
-        for job in jobs:
-            if not self.may_act():
-                report.skipped = True
-                break
-            pod = by_owner.get(job.uid)
-            current = self._reconcile_safely(job, pod, settings, report, queue.get(job.uid))
+        for item in outcomes:
+            current = item if isinstance(item, JobView) else item.result()
             # A job whose status was just written waits for the next cycle: its
             # resourceVersion is stale until then.
-            if current is job and self._progress_due(job, pod, settings):
+            if current is item and self._progress_due(current, by_owner.get(current.uid), settings):
                 progress_due.append(len(report.snapshot))
             report.snapshot.append(current)
         budget = settings.progress_reads_per_cycle
@@ -205,6 +233,16 @@ class Poller:
         report.duration = time.monotonic() - started
         return report
 
+    def _has_work(
+        self, job: JobView, pod: PodView | None, settings: Settings, slot: QueueSlot | None
+    ) -> bool:
+        """Whether deciding for `job` yields any action (an error counts as work:
+        `_reconcile_safely` then meets it again and records it for this job)."""
+        try:
+            return bool(decisions.decide(job, pod, settings, self.clock(), queue=slot).actions)
+        except Exception:  # recorded by _reconcile_safely
+            return True
+
     def _reconcile_safely(
         self,
         job: JobView,
@@ -216,6 +254,9 @@ class Poller:
         progress_due: bool = False,
     ) -> JobView:
         """`_reconcile`, with an error counted for this job and the job left as it was."""
+        if not self.may_act():  # the lease may be lost while jobs wait for a thread
+            report.skipped = True
+            return job
         try:
             return self._reconcile(job, pod, settings, report, slot, progress_due)
         except Exception as error:  # one job never stops the others
@@ -225,8 +266,7 @@ class Poller:
     @staticmethod
     def _count_error(report: CycleReport, meta: dict[str, Any], error: Exception) -> None:
         where = f"{meta.get('namespace')}/{meta.get('name')}"
-        report.errors += 1
-        report.error_messages.append(f"{where}: {error}")
+        report.add_error(f"{where}: {error}")
         log.error("error handling LMEvalJob %s: %s", where, error, exc_info=error)
 
     def _progress_due(self, job: JobView, pod: PodView | None, settings: Settings) -> bool:
@@ -301,7 +341,7 @@ class Poller:
             elif isinstance(action, PatchStatus):
                 if self._patch_status(job, action):
                     current = replace(job, status=action.status)
-                report.patches += 1
+                report.add(patches=1)
             elif isinstance(action, PostEvent):
                 self._post_event(job, action, now)
         return current
@@ -388,7 +428,7 @@ class Poller:
             self._apply_failure(job, now, report, f"the job pod was refused: {_api_message(error)}")
             return False
         if created:
-            report.pods_created += 1
+            report.add(pods_created=1)
         else:
             log.info(
                 "adopting existing pod %s for %s/%s",
@@ -404,7 +444,7 @@ class Poller:
         for follow_up in decisions.decide_failure(job, now, message).actions:
             if isinstance(follow_up, PatchStatus):
                 self._patch_status(job, follow_up)
-                report.patches += 1
+                report.add(patches=1)
             elif isinstance(follow_up, PostEvent):
                 self._post_event(job, follow_up, now)
 

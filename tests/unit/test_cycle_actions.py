@@ -1,0 +1,161 @@
+"""How a cycle carries out its decisions, without a cluster.
+
+Checks: jobs that have something to do act concurrently (two jobs whose log
+reads wait for each other both finish: a sequential cycle would deadlock on
+the barrier), each job's own actions stay in order, the report counts every
+patch made on the worker threads, jobs with nothing to do are left exactly
+as listed, and a replica that loses its lease while jobs wait stops acting.
+
+The API layer here is a recording stand-in: what the real requests do is
+covered by tests/cluster; this module pins the cycle's own scheduling.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from driver.protocol import encode_marker
+from poller import api, podspec
+from poller.cycle import ACTION_WORKERS, Poller
+
+RUNNING = {
+    "state": "Running",
+    "podName": "",
+    "conditions": [
+        {
+            "type": "Scheduled",
+            "status": "True",
+            "reason": "PodCreated",
+            "message": "m",
+            "lastTransitionTime": "2026-11-30T00:00:00Z",
+            "observedGeneration": 1,
+        },
+        {
+            "type": "Running",
+            "status": "True",
+            "reason": "ContainerRunning",
+            "message": "the evaluation container runs",
+            "lastTransitionTime": "2026-11-30T00:00:00Z",
+            "observedGeneration": 1,
+        },
+    ],
+    "message": "evaluation running",
+    "observedGeneration": 1,
+}
+
+
+def listed_job(name: str) -> dict[str, Any]:
+    status = {**RUNNING, "podName": f"{name}-pod"}
+    api.LMEvalJobStatus.model_validate(status)
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "resourceVersion": "5",
+            "creationTimestamp": "2026-11-30T00:00:00Z",
+        },
+        "spec": {"model": "dummy", "tasks": ["toy"]},
+        "status": status,
+    }
+
+
+def listed_pod(name: str, *, exit_code: int | None) -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {"startedAt": "2026-11-30T00:00:01Z"}}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": f"{name}-pod",
+            "uid": f"pod-{name}",
+            "creationTimestamp": "2026-11-30T00:00:00Z",
+            "ownerReferences": [{"uid": f"uid-{name}", "controller": True}],
+        },
+        "status": {
+            "phase": "Running" if exit_code is None else "Failed",
+            "containerStatuses": [{"name": podspec.MAIN_CONTAINER, "state": state}],
+        },
+    }
+
+
+class StandInKube:
+    """Lists fixed objects; log reads of `meeting` pods wait for each other."""
+
+    def __init__(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.jobs, self.pods = jobs, pods
+        self.meeting = threading.Barrier(2, timeout=10)
+        self.meeting_pods: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def _note(self, what: str, name: str) -> None:
+        with self.lock:
+            self.calls.append((what, name))
+
+    def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        # No progress reads: only the transitions' own requests are recorded.
+        return {"pod-image": "registry.example/job:1", "progress-reads-per-cycle": "0"}
+
+    def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        return self.jobs
+
+    def list_pods(self, selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return self.pods
+
+    def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        if pod in self.meeting_pods:
+            self.meeting.wait()  # BrokenBarrierError (a job error) if nobody else comes
+        self._note("log", pod)
+        return encode_marker("failed", exit_code=3, message="boom") + "\n"
+
+    def patch_job_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> None:
+        self._note("patch", name)
+
+    def post_event(self, **event: Any) -> None:
+        self._note("event", str(event["job_name"]))
+
+    def apply_configmap(self, manifest: dict[str, Any], *, merge: bool = False) -> None:
+        self._note("configmap", manifest["metadata"]["name"])
+
+
+def test_jobs_with_work_act_concurrently_and_in_order_each() -> None:
+    names = ["a-ended", "b-idle", "c-ended", "d-idle"]
+    ended = {"a-ended", "c-ended"}
+    kube = StandInKube(
+        [listed_job(n) for n in names],
+        [listed_pod(n, exit_code=3 if n in ended else None) for n in names],
+    )
+    kube.meeting_pods = {f"{n}-pod" for n in ended}
+    poller = Poller(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
+    report = poller.run_cycle()
+    assert ACTION_WORKERS >= 2
+    assert report.errors == 0, report.error_messages
+    assert report.patches == 2
+    by_name = {job.name: job for job in report.snapshot}
+    assert [job.name for job in report.snapshot] == names  # LIST order kept
+    for name in ended:
+        assert by_name[name].status.state == api.JobState.COMPLETE
+        own = [what for what, who in kube.calls if who in (name, f"{name}-pod")]
+        assert own[:2] == ["log", "patch"], own  # a job's own actions in order
+    idle = {job.name: job for job in report.snapshot if job.name not in ended}
+    assert all(job.status.state == api.JobState.RUNNING for job in idle.values())
+    assert not {who for _, who in kube.calls} & {"b-idle", "d-idle", "b-idle-pod", "d-idle-pod"}
+
+
+def test_a_replica_that_loses_its_lease_stops_acting() -> None:
+    kube = StandInKube([listed_job("a-ended")], [listed_pod("a-ended", exit_code=3)])
+    answers = iter([True, True])  # the cycle may start and submit, then the lease is gone
+    poller = Poller(
+        kube,  # type: ignore[arg-type]
+        settings_namespace="lmeval-system",
+        may_act=lambda: next(answers, False),
+    )
+    report = poller.run_cycle()
+    assert report.skipped
+    assert kube.calls == []
+    assert report.snapshot[0].status.state == api.JobState.RUNNING
