@@ -8,6 +8,11 @@ one with ``python -m poller.sandbox up``. All state lives in one work
 directory (``state.json`` names the PIDs), so `stop` works from another
 process too, and each component's log is kept there; when a component fails
 to become ready, the error carries the tail of its log.
+
+This module supervises: start order, readiness, the cluster objects the
+plane needs before it is usable (kwok's CRDs and nodes, the default
+ServiceAccount), and stopping. What each component is told, its flags and
+configuration files, is in `poller.sandbox.components`.
 """
 
 from __future__ import annotations
@@ -17,36 +22,44 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from poller.sandbox import build, kwok
-from poller.sandbox.audit import AUDIT_POLICY_YAML, AuditLog
+from poller.sandbox.audit import AuditLog
+from poller.sandbox.components import (
+    CONTROLLER_MANAGER_KUBECONFIG,
+    SCHEDULER_KUBECONFIG,
+    Ports,
+    apiserver_argv,
+    controller_manager_argv,
+    etcd_argv,
+    free_port,
+    kubeconfig_yaml,
+    kwok_argv,
+    scheduler_argv,
+)
 from poller.sandbox.pki import Pki, make_pki
 
 __all__ = ["ControlPlane", "ControlPlaneError", "StartupTimes"]
 
 _PR_SET_PDEATHSIG = 1
 
+# poller.sandbox.prometheus starts its server with these helpers, under these names.
+_free_port = free_port
+
 
 class ControlPlaneError(RuntimeError):
     """A component did not start; the message carries its log tail."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _die_with_parent() -> None:
@@ -57,16 +70,6 @@ def _die_with_parent() -> None:
     # flushing. `stop()` still asks nicely first.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-@dataclass
-class _Ports:
-    etcd_client: int = field(default_factory=_free_port)
-    etcd_peer: int = field(default_factory=_free_port)
-    apiserver: int = field(default_factory=_free_port)
-    controller_manager: int = field(default_factory=_free_port)
-    scheduler: int = field(default_factory=_free_port)
-    kwok_server: int = field(default_factory=_free_port)
 
 
 @dataclass
@@ -101,7 +104,7 @@ class ControlPlane:
         self.state_file = self.workdir / "state.json"
         self.times = StartupTimes()
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.ports = _Ports()
+        self.ports = Ports()
         self.pki: Pki | None = None
         self.binaries: Path | None = None
 
@@ -192,25 +195,8 @@ class ControlPlane:
         return str(self.binaries / name)
 
     def _start_etcd(self, timeout: float) -> None:
-        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
+        self._spawn("etcd", etcd_argv(self._bin("etcd"), self.workdir, self.ports))
         client = f"http://127.0.0.1:{self.ports.etcd_client}"
-        self._spawn(
-            "etcd",
-            [
-                self._bin("etcd"),
-                "--name=sandbox",
-                f"--data-dir={self.workdir / 'etcd'}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=sandbox={peer}",
-                # A throwaway store: durability is not worth the fsync latency.
-                "--unsafe-no-fsync",
-                "--quota-backend-bytes=4294967296",
-                "--log-level=warn",
-            ],
-        )
         self._wait_until(
             "etcd",
             lambda: _http_ok(f"{client}/health", None, lambda body: b'"health":"true"' in body),
@@ -218,39 +204,15 @@ class ControlPlane:
         )
 
     def _start_apiserver(self, timeout: float) -> None:
-        pki = self._pki()
-        policy = self.workdir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY_YAML)
-        self._spawn(
-            "kube-apiserver",
-            [
-                self._bin("kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.ports.apiserver}",
-                f"--tls-cert-file={pki.apiserver.cert}",
-                f"--tls-private-key-file={pki.apiserver.key}",
-                f"--client-ca-file={pki.ca_cert}",
-                "--authorization-mode=Node,RBAC",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki.sa_public_key}",
-                f"--service-account-signing-key-file={pki.sa_private_key}",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                # kwok's nodes would otherwise be tainted NotReady at creation.
-                "--disable-admission-plugins=TaintNodesByCondition",
-                # kwok answers logs/exec on 127.0.0.1; node names do not resolve.
-                "--kubelet-preferred-address-types=InternalIP",
-                f"--audit-policy-file={policy}",
-                f"--audit-log-path={self.audit.path}",
-                "--audit-log-format=json",
-                "--audit-log-maxsize=0",
-                "--audit-log-mode=blocking",
-                "--profiling=false",
-                "--allow-privileged=false",
-                *self.extra_apiserver_args,
-            ],
+        argv = apiserver_argv(
+            self._bin("kube-apiserver"),
+            self.workdir,
+            self.ports,
+            self._pki(),
+            self.audit.path,
+            self.extra_apiserver_args,
         )
+        self._spawn("kube-apiserver", argv)
         context = self._admin_ssl_context()
         self._wait_until(
             "kube-apiserver",
@@ -259,64 +221,17 @@ class ControlPlane:
         )
 
     def _start_controller_manager(self) -> None:
-        pki = self._pki()
-        self._spawn(
-            "kube-controller-manager",
-            [
-                self._bin("kube-controller-manager"),
-                f"--kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
-                f"--authentication-kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
-                f"--authorization-kubeconfig={self.workdir / 'controller-manager.kubeconfig'}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.ports.controller_manager}",
-                "--leader-elect=false",
-                "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={pki.sa_private_key}",
-                f"--root-ca-file={pki.ca_cert}",
-                # kwok nodes have no real kubelet: never let node lifecycle
-                # taint or evict them.
-                "--controllers=*,-node-lifecycle-controller",
-                "--concurrent-gc-syncs=5",
-            ],
-        )
+        binary = self._bin("kube-controller-manager")
+        argv = controller_manager_argv(binary, self.workdir, self.ports, self._pki())
+        self._spawn("kube-controller-manager", argv)
 
     def _start_scheduler(self) -> None:
-        config = self.workdir / "scheduler.kubeconfig"
-        self._spawn(
-            "kube-scheduler",
-            [
-                self._bin("kube-scheduler"),
-                f"--kubeconfig={config}",
-                f"--authentication-kubeconfig={config}",
-                f"--authorization-kubeconfig={config}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.ports.scheduler}",
-                "--leader-elect=false",
-            ],
-        )
+        argv = scheduler_argv(self._bin("kube-scheduler"), self.workdir, self.ports)
+        self._spawn("kube-scheduler", argv)
 
     def _start_kwok(self) -> None:
-        pki = self._pki()
-        config = self.workdir / "kwok.yaml"
-        config.write_text(kwok.kwok_config_yaml())
-        label, value = kwok.KWOK_NODE_LABEL
-        self._spawn(
-            "kwok",
-            [
-                self._bin("kwok"),
-                f"--kubeconfig={self.kubeconfig}",
-                f"--config={config}",
-                f"--manage-nodes-with-label-selector={label}={value}",
-                "--node-ip=127.0.0.1",
-                f"--node-port={self.ports.kwok_server}",
-                f"--server-address=127.0.0.1:{self.ports.kwok_server}",
-                f"--tls-cert-file={pki.kwok_server.cert}",
-                f"--tls-private-key-file={pki.kwok_server.key}",
-                "--enable-crds=Logs,ClusterLogs,Exec,ClusterExec",
-                "--cidr=10.0.0.1/16",
-                "--node-lease-duration-seconds=40",
-            ],
-        )
+        argv = kwok_argv(self._bin("kwok"), self.workdir, self.ports, self._pki(), self.kubeconfig)
+        self._spawn("kwok", argv)
 
     # -- cluster objects -------------------------------------------------------
 
@@ -324,13 +239,13 @@ class ControlPlane:
         pki = self._pki()
         self.write_kubeconfig(self.kubeconfig, "sandbox-admin", pki.admin.cert, pki.admin.key)
         self.write_kubeconfig(
-            self.workdir / "controller-manager.kubeconfig",
+            self.workdir / CONTROLLER_MANAGER_KUBECONFIG,
             "system:kube-controller-manager",
             pki.controller_manager.cert,
             pki.controller_manager.key,
         )
         self.write_kubeconfig(
-            self.workdir / "scheduler.kubeconfig",
+            self.workdir / SCHEDULER_KUBECONFIG,
             "system:kube-scheduler",
             pki.scheduler.cert,
             pki.scheduler.key,
@@ -346,33 +261,8 @@ class ControlPlane:
         namespace: str = "default",
     ) -> Path:
         """Write a kubeconfig for this plane with a client cert or a bearer token."""
-        credentials: dict[str, str] = {}
-        if cert and key:
-            credentials = {"client-certificate": str(cert), "client-key": str(key)}
-        if token:
-            credentials = {"token": token}
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "sandbox",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority": str(self._pki().ca_cert),
-                    },
-                }
-            ],
-            "users": [{"name": user, "user": credentials}],
-            "contexts": [
-                {
-                    "name": "sandbox",
-                    "context": {"cluster": "sandbox", "user": user, "namespace": namespace},
-                }
-            ],
-            "current-context": "sandbox",
-        }
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        ca_cert = self._pki().ca_cert
+        path.write_text(kubeconfig_yaml(self.server, ca_cert, user, cert, key, token, namespace))
         path.chmod(0o600)
         return path
 

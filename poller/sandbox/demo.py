@@ -21,6 +21,11 @@ code 0 when the job Succeeded, 1 otherwise (with the job's message), 130 on
 Ctrl-C. With ``--keep`` every process keeps running (PIDs in ``state.json``,
 so ``python -m poller.sandbox down`` stops them) and the kubectl lines to
 explore the cluster are printed.
+
+This module is the command as the newcomer sees it: the samples, following
+the job in the terminal, the results table and the closing lines. Setting up
+around the plane (a clean work directory, the installed manifests, the three
+background processes) is in `poller.sandbox.bringup`.
 """
 
 from __future__ import annotations
@@ -28,14 +33,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,16 +56,23 @@ from rich.table import Table
 
 from driver.protocol import decode_text
 from poller import api
-from poller.crd import CRD_PATH
 from poller.sandbox import build
+from poller.sandbox.bringup import (
+    METRICS_PORT,
+    REPO_ROOT,
+    SETTINGS,
+    DemoError,
+    Processes,
+    clean_workdir,
+    free_port,
+    install,
+    start_processes,
+)
 from poller.sandbox.controlplane import ControlPlane, ControlPlaneError
-from poller.sandbox.identities import api_client, service_account_kubeconfig
-from poller.sandbox.runner import NODE_NAME
-from poller.settings import CONFIGMAP_NAME
+from poller.sandbox.identities import api_client
 
 __all__ = ["DEFAULT_SAMPLE", "SAMPLES", "DemoOptions", "results_rows", "run"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLES_DIR = REPO_ROOT / "deploy" / "samples"
 TASKS_FILE = SAMPLES_DIR / "tasks-configmap.yaml"
 SAMPLES = {
@@ -74,17 +81,11 @@ SAMPLES = {
 }
 DEFAULT_SAMPLE = "served-model"
 DEMO_NAMESPACE = "lmeval-demo"
-POLLER_NAMESPACE = "lmeval-system"
 # The port the samples name; another free port is substituted when it is taken.
 MODEL_SERVER_PORT = 8765
 SAMPLE_MODEL_URL = f"127.0.0.1:{MODEL_SERVER_PORT}"
 # Processes this command adds to the plane's state.json (stopped first by `down`).
 PROCESS_NAMES = ("model-server", "lmeval-sandbox-runner", "lmeval-poller")
-# Sub-directories of a previous run that must not leak into this one.
-STALE = ("etcd", "runner", "users", "logs", "pki")
-SETTINGS = {"poll-interval": "1s"}
-METRICS_PORT = 8080
-TOKEN_SECONDS = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,6 @@ class DemoOptions:
     model_port: int = MODEL_SERVER_PORT
     timeout: float = 600.0
     down_hint: str = "python -m poller.sandbox down"
-
-
-class DemoError(RuntimeError):
-    """Something the newcomer must read: what failed and where its log is."""
 
 
 # -- results -----------------------------------------------------------------------
@@ -165,185 +162,6 @@ def _job_name(documents: list[dict[str, Any]]) -> str:
     if len(jobs) != 1:
         raise DemoError(f"a sample holds exactly one {api.KIND}; found {len(jobs)}")
     return str(jobs[0]["metadata"]["name"])
-
-
-# -- processes -----------------------------------------------------------------------
-
-
-def _free_port(preferred: int) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the server will: a recent run's TIME_WAIT connections do not block it.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", preferred))
-        except OSError:
-            sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # Everything here is on loopback: never through a proxy.
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class Processes:
-    """The command's own background processes, recorded in the plane's state.json."""
-
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log_path = self.plane.logs_dir / f"{name}.log"
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.plane.workdir,
-                env=_child_env(),
-                start_new_session=True,
-            )
-        self.procs[name] = proc
-        state = json.loads(self.plane.state_file.read_text())
-        state["pids"][name] = proc.pid
-        self.plane.state_file.write_text(json.dumps(state, indent=2))
-        return proc
-
-    def check(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise DemoError(
-                    f"{name} exited with code {proc.returncode}\n{self.plane.log_tail(name)}"
-                )
-
-    def stop(self) -> None:
-        # The poller first (no new pods), then the runner (stops its pods).
-        for name in reversed(list(self.procs)):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
-        self.procs.clear()
-
-
-def _wait(what: str, ready: Any, timeout: float, processes: Processes) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        processes.check()
-        if time.monotonic() > deadline:
-            raise DemoError(f"{what} not ready after {timeout:.0f} s")
-        time.sleep(0.1)
-
-
-def _http_ok(url: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-# -- steps -----------------------------------------------------------------------------
-
-
-def _clean_workdir(workdir: Path) -> None:
-    state = ControlPlane.read_state(workdir)
-    if state and any(_alive(int(pid)) for pid in state["pids"].values()):
-        raise DemoError(
-            f"a sandbox already runs in {workdir}; stop it with "
-            f"`python -m poller.sandbox --workdir {workdir} down` first"
-        )
-    # A fresh cluster every time: an old etcd would still hold the last run's job.
-    for name in STALE:
-        shutil.rmtree(workdir / name, ignore_errors=True)
-    (workdir / "state.json").unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def install(plane: ControlPlane, namespace: str) -> None:
-    """The CRD, the poller's namespace and RBAC, a job namespace, the settings."""
-    plane.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-    plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / "namespace.yaml"))
-    plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / "rbac.yaml"))
-    plane.kubectl("create", "namespace", namespace)
-    job_sa = REPO_ROOT / "deploy" / "components" / "job-namespace" / "job-serviceaccount.yaml"
-    plane.kubectl("apply", "-n", namespace, "-f", str(job_sa))
-    settings = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CONFIGMAP_NAME, "namespace": POLLER_NAMESPACE},
-        "data": dict(SETTINGS),
-    }
-    plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(settings))
-    plane.kubectl("wait", "--for=condition=Established", f"crd/{api.PLURAL}.{api.API_GROUP}")
-
-
-def _node_ready(plane: ControlPlane) -> bool:
-    out = plane.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
-    if out.returncode != 0:
-        return False
-    conditions = json.loads(out.stdout).get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def start_processes(
-    plane: ControlPlane, processes: Processes, model_port: int, metrics_port: int
-) -> None:
-    """The model server, the local pod runner and the poller; wait until each serves."""
-    python = sys.executable
-    processes.spawn(
-        "model-server",
-        [python, "-m", "poller.sandbox.model_server", "--port", str(model_port)],
-    )
-    processes.spawn(
-        "lmeval-sandbox-runner",
-        [
-            python,
-            "-m",
-            "poller.sandbox.runner",
-            f"--kubeconfig={plane.kubeconfig}",
-            f"--workdir={plane.workdir / 'runner'}",
-            f"--kwok-port={plane.ports.kwok_server}",
-        ],
-    )
-    # The poller acts as its ServiceAccount: exactly the rights deploy/ gives it.
-    poller_config = service_account_kubeconfig(
-        plane, POLLER_NAMESPACE, "lmeval-poller", expiration_seconds=TOKEN_SECONDS
-    )
-    processes.spawn(
-        "lmeval-poller",
-        [
-            python,
-            "-m",
-            "poller",
-            f"--kubeconfig={poller_config}",
-            f"--settings-namespace={POLLER_NAMESPACE}",
-            "--metrics-address=127.0.0.1",
-            f"--metrics-port={metrics_port}",
-        ],
-    )
-    _wait("model server", lambda: _http_ok(f"http://127.0.0.1:{model_port}/health"), 30, processes)
-    _wait("node lmeval-sandbox", lambda: _node_ready(plane), 30, processes)
-    _wait("poller", lambda: _http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, processes)
 
 
 # -- following the job ---------------------------------------------------------------
@@ -489,7 +307,7 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
     farewell = ""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _clean_workdir(options.workdir)
+        clean_workdir(options.workdir)
         documents = sample_documents(options.sample, options.model_port)
         job_name = _job_name(documents)
         if _binaries_missing():
@@ -509,8 +327,8 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
         processes = Processes(plane)
         with _step(console, "CRD, poller RBAC, job ServiceAccount and settings installed"):
             install(plane, DEMO_NAMESPACE)
-        port = _free_port(options.model_port)
-        metrics_port = _free_port(METRICS_PORT)
+        port = free_port(options.model_port)
+        metrics_port = free_port(METRICS_PORT)
         documents = sample_documents(options.sample, port)
         with _step(console, f"poller, local pod runner and model server on 127.0.0.1:{port}"):
             start_processes(plane, processes, port, metrics_port)
