@@ -43,7 +43,6 @@ from poller.sandbox.components import (
     apiserver_argv,
     controller_manager_argv,
     etcd_argv,
-    free_port,
     kubeconfig_yaml,
     kwok_argv,
     scheduler_argv,
@@ -53,9 +52,6 @@ from poller.sandbox.pki import Pki, make_pki
 __all__ = ["ControlPlane", "ControlPlaneError", "StartupTimes"]
 
 _PR_SET_PDEATHSIG = 1
-
-# poller.sandbox.prometheus starts its server with these helpers, under these names.
-_free_port = free_port
 
 
 class ControlPlaneError(RuntimeError):

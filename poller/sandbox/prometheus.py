@@ -37,7 +37,8 @@ from typing import Any
 import yaml
 
 from poller.sandbox import build
-from poller.sandbox.controlplane import _die_with_parent, _free_port, _terminate
+from poller.sandbox.components import free_port
+from poller.sandbox.controlplane import _die_with_parent, _terminate
 
 __all__ = [
     "PROMETHEUS_MODULE",
@@ -198,7 +199,7 @@ class PrometheusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         config.write_text(yaml.safe_dump(self.config()))
-        self.port = _free_port()
+        self.port = free_port()
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
