@@ -343,6 +343,17 @@ class LMEvalJobStatus(_Model):
     reason: JobReason | None = Field(default=None, description="Outcome once Complete.")
     message: str | None = Field(default=None, description="Human-readable detail.")
     pod_name: str | None = Field(default=None, description="The job pod.")
+    pod_uid: str | None = Field(
+        default=None,
+        alias="podUID",
+        description="UID of the job pod the poller created: a pod under the same name with "
+        "another UID is never taken for the job's.",
+    )
+    pod_attempt: int | None = Field(
+        default=None,
+        description="How many pods the poller has created for this job (the current pod's "
+        "proof of origin names this number).",
+    )
     last_schedule_time: str | None = Field(default=None, description="When the pod was created.")
     complete_time: str | None = Field(default=None, description="When the job finished.")
     start_time: str | None = Field(

@@ -18,6 +18,7 @@ unchanged job saves validating its status again and alters nothing.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -30,8 +31,10 @@ from typing import Any
 
 from driver.protocol import decode_text
 from poller import decide as decisions
-from poller import podspec, results
-from poller.kube import ApiError, Conflict, Kube, NotFound
+from poller import podspec, poison, results
+from poller.api import JobState
+from poller.identity import PodProof, load_or_create_key
+from poller.kube import ApiError, Conflict, Kube, NotFound, NotOwned
 from poller.model import (
     ArchiveLog,
     CreatePod,
@@ -50,6 +53,7 @@ from poller.model import (
     ReleaseHold,
     StoreResults,
 )
+from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.queue import plan_queue
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 
@@ -114,6 +118,7 @@ class Poller:
         clock: Callable[[], dt.datetime] = utc_now,
         tracker: SettingsTracker | None = None,
         may_act: Callable[[], bool] = lambda: True,
+        proof: PodProof | None = None,
     ) -> None:
         self.kube = kube
         self.settings_namespace = settings_namespace
@@ -126,13 +131,24 @@ class Poller:
         # When each running job's log was last read for progress (monotonic
         # seconds): a rate limiter only, so losing it on restart is harmless.
         self._progress_read_at: dict[str, float] = {}
+        # Consecutive failures per job (poller.poison): bounded retries, then Failed.
+        self._failures = poison.FailureLedger()
         # The last cycle's view of every job by UID; reused while the job's
         # resourceVersion is unchanged (see the module docstring).
         self._views: dict[str, JobView] = {}
+        # The key that proves which pods this poller made (poller.identity);
+        # read from its Secret on the first cycle unless injected.
+        self._proof = proof
 
     @property
     def settings(self) -> Settings:
         return self.tracker.current
+
+    def _pod_proof(self) -> PodProof:
+        """The pod-identity key, read (or made) once; a cycle cannot judge pods without it."""
+        if self._proof is None:
+            self._proof = PodProof(load_or_create_key(self.kube, self.settings_namespace))
+        return self._proof
 
     def refresh_settings(self) -> Settings:
         """Re-read the ConfigMap; on any error keep what we had."""
@@ -148,10 +164,18 @@ class Poller:
             return self.tracker.current
         return self.tracker.update(data)
 
-    def _observe(self, report: CycleReport) -> tuple[list[JobView], dict[str, PodView]]:
-        """List jobs and pods (page by page) into views; pods keyed by owner UID."""
+    def _observe(
+        self, report: CycleReport, proof: PodProof
+    ) -> tuple[list[JobView], dict[str, PodView]]:
+        """List jobs and pods (page by page) into views; each job's pod by job UID.
+
+        A job's pod is the pod under the job's deterministic pod name in the
+        job's namespace, whatever claims other pods make (labels and
+        ownerReferences can be copied by anyone who may create pods); whether
+        it really is the job's is judged by `decide` from its proof of origin.
+        """
         jobs: list[JobView] = []
-        by_owner: dict[str, PodView] = {}
+        by_name: dict[tuple[str, str], PodView] = {}
         views: dict[str, JobView] = {}
         scopes: list[str | None] = [*self.namespaces] or [None]
         for namespace in scopes:
@@ -166,11 +190,15 @@ class Poller:
                 views[job.uid] = job
             for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace):
                 report.pods += 1
-                view = PodView.from_object(obj, podspec.MAIN_CONTAINER)
-                if view.owner_uid:
-                    by_owner[view.owner_uid] = view
+                view = PodView.from_object(obj, podspec.MAIN_CONTAINER, proof.verify)
+                by_name[(view.namespace, view.name)] = view
         self._views = views
-        return jobs, by_owner
+        by_job: dict[str, PodView] = {}
+        for job in jobs:
+            pod = by_name.get((job.namespace, podspec.pod_name(job.name, job.uid)))
+            if pod is not None:
+                by_job[job.uid] = pod
+        return jobs, by_job
 
     def _job_view(self, obj: dict[str, Any]) -> JobView:
         meta = obj.get("metadata") or {}
@@ -188,7 +216,7 @@ class Poller:
             report.skipped = True
             return report
         settings = self.refresh_settings()
-        jobs, by_owner = self._observe(report)
+        jobs, by_owner = self._observe(report, self._pod_proof())
         queue = plan_queue(jobs, by_owner, settings.max_running_jobs)
         # Transitions first, progress reads after: each progress read is a log
         # GET, and a job whose pod just ended must not wait behind dozens of them.
@@ -230,6 +258,7 @@ class Poller:
             )
             budget -= 1
         self._forget_progress(by_owner)
+        self._failures.forget_except({job.uid for job in jobs})
         report.duration = time.monotonic() - started
         return report
 
@@ -253,15 +282,48 @@ class Poller:
         *,
         progress_due: bool = False,
     ) -> JobView:
-        """`_reconcile`, with an error counted for this job and the job left as it was."""
+        """`_reconcile`, with an error counted for this job; a job that keeps failing,
+        or meets poison, ends Failed (`poller.poison`) instead of staying as it was."""
         if not self.may_act():  # the lease may be lost while jobs wait for a thread
             report.skipped = True
             return job
         try:
-            return self._reconcile(job, pod, settings, report, slot, progress_due)
+            current = self._reconcile(job, pod, settings, report, slot, progress_due)
         except Exception as error:  # one job never stops the others
             self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
-            return job
+            with report._lock:
+                message = self._failures.failed(job.uid, error, time.monotonic())
+            if message is None:
+                return job
+            return self._end_poisoned(job, pod, message, report)
+        with report._lock:
+            self._failures.succeeded(job.uid)
+        return current
+
+    def _end_poisoned(
+        self, job: JobView, pod: PodView | None, message: str, report: CycleReport
+    ) -> JobView:
+        """End `job` Failed with `message`: the ordinary way, else with the smallest patch."""
+        if job.deleting or job.status.state == JobState.COMPLETE:
+            return job  # nothing left to end: its TTL and deletion go on
+        log.error("ending LMEvalJob %s/%s: %s", job.namespace, job.name, message)
+        now = self.clock()
+        try:
+            self._apply_failure(job, now, report, message, cause="PollerError")
+        except Exception as error:  # e.g. the status itself holds what the API refuses
+            log.warning("failure patch of %s/%s refused: %s", job.namespace, job.name, error)
+            try:
+                self.kube.patch_job_status(
+                    job.namespace, job.name, poison.failure_patch(message, now), ""
+                )
+            except Exception as final:  # counted; the next cycle tries again
+                self._count_error(report, {"namespace": job.namespace, "name": job.name}, final)
+                return job
+        if pod is not None and judge_pod(job, pod)[0] is not PodTrust.FOREIGN:
+            # A job that ended must not leave its evaluation running.
+            with contextlib.suppress(Exception):
+                self.kube.delete_pod(job.namespace, pod.name)
+        return job
 
     @staticmethod
     def _count_error(report: CycleReport, meta: dict[str, Any], error: Exception) -> None:
@@ -324,14 +386,20 @@ class Poller:
         if wanted is not None:
             decision = decide(log_view, self._exec_results(job, wanted))
         current = job
+        pod_uid: str | None = None
+        store_problem: str | None = None
         for action in decision.actions:
             if isinstance(action, CreatePod):
-                if not self._create_pod(job, action, now, report):
+                pod_uid = self._create_pod(job, action, now, report)
+                if pod_uid is None:
                     return current
             elif isinstance(action, StoreResults):
-                self.kube.apply_configmap(action.manifest, merge=True)
+                store_problem = self._store_results(job, action)
             elif isinstance(action, ArchiveLog):
-                self._archive_log(job, action)
+                try:
+                    self._archive_log(job, action)
+                except NotOwned as error:  # the archive is best effort; deletion goes on
+                    log.warning("log of %s/%s not archived: %s", job.namespace, job.name, error)
             elif isinstance(action, DeletePod):
                 self.kube.delete_pod(job.namespace, action.name)
             elif isinstance(action, DeleteJob):
@@ -339,6 +407,7 @@ class Poller:
             elif isinstance(action, ReleaseHold):
                 self._release(job, action)
             elif isinstance(action, PatchStatus):
+                action = _with_outcome_of_actions(action, pod_uid, store_problem)
                 if self._patch_status(job, action):
                     current = replace(job, status=action.status)
                 report.add(patches=1)
@@ -404,7 +473,9 @@ class Poller:
 
     def _create_pod(
         self, job: JobView, action: CreatePod, now: dt.datetime, report: CycleReport
-    ) -> bool:
+    ) -> str | None:
+        """Create the job pod (stamped with its proof of origin); its UID, or None
+        when the job could not get it (the job was failed, saying why)."""
         missing = [
             name
             for name in _custom_task_configmaps(action.manifest)
@@ -418,30 +489,73 @@ class Poller:
                 f"spec.customTasks: ConfigMap {', '.join(missing)} not found in namespace "
                 f"{job.namespace}",
             )
-            return False
+            return None
+        manifest = self._pod_proof().stamp(action.manifest, job.uid, action.attempt)
         try:
-            created = self.kube.create_pod(action.manifest)
+            created = self.kube.create_pod(manifest)
         except ApiError as error:
             if error.status is None or error.status >= 500 or error.status == 429:
                 raise  # transient: the next cycle tries again
             # Refused for good (admission, quota, invalid): the job cannot run.
             self._apply_failure(job, now, report, f"the job pod was refused: {_api_message(error)}")
-            return False
-        if created:
+            return None
+        if created is not None:
             report.add(pods_created=1)
-        else:
-            log.info(
-                "adopting existing pod %s for %s/%s",
-                action.manifest["metadata"]["name"],
-                job.namespace,
-                job.name,
+            return created
+        return self._existing_pod(job, manifest["metadata"]["name"], now, report)
+
+    def _existing_pod(
+        self, job: JobView, name: str, now: dt.datetime, report: CycleReport
+    ) -> str | None:
+        """The name was taken: adopt the pod if this poller made it, else fail the job.
+
+        Found by name whatever its labels: a squatter without the poller's
+        labels would never show in the cycle's LIST, and the job would try to
+        create its pod for ever.
+        """
+        found = self.kube.find_pod(job.namespace, name)
+        if found is None:
+            raise Conflict(f"pod {job.namespace}/{name} existed and is gone: retrying")
+        pod = PodView.from_object(found, podspec.MAIN_CONTAINER, self._pod_proof().verify)
+        # The attempt being created is not recorded yet, which judge_pod reads as ADOPT.
+        trust, why = judge_pod(job, pod)
+        if trust is PodTrust.FOREIGN:
+            log.warning("pod %s/%s squats %s's pod name: %s", job.namespace, name, job.name, why)
+            self._apply_failure(
+                job, now, report, foreign_pod_message(pod, why), cause="ForeignPod"
             )
-        return True
+            return None
+        log.info("adopting existing pod %s for %s/%s", name, job.namespace, job.name)
+        return pod.uid
+
+    def _store_results(self, job: JobView, action: StoreResults) -> str | None:
+        """Write the results ConfigMap; why it could not be, when that is for good.
+
+        A ConfigMap of that name that is not this job's (made by someone else)
+        is never overwritten, and one the apiserver refuses (too large,
+        immutable, ...) will be refused again: either way the results stay in
+        the job's status and the job finishes, saying what happened.
+        """
+        name = action.manifest["metadata"]["name"]
+        try:
+            self.kube.apply_configmap(action.manifest, merge=True)
+        except NotOwned as error:
+            return str(error)
+        except ApiError as error:
+            if error.status is None or error.status >= 500 or error.status == 429:
+                raise  # transient: the next cycle tries again
+            return f"ConfigMap {name} was refused: {_api_message(error)}"
+        return None
 
     def _apply_failure(
-        self, job: JobView, now: dt.datetime, report: CycleReport, message: str
+        self,
+        job: JobView,
+        now: dt.datetime,
+        report: CycleReport,
+        message: str,
+        cause: str | None = None,
     ) -> None:
-        for follow_up in decisions.decide_failure(job, now, message).actions:
+        for follow_up in decisions.decide_failure(job, now, message, cause).actions:
             if isinstance(follow_up, PatchStatus):
                 self._patch_status(job, follow_up)
                 report.add(patches=1)
@@ -480,6 +594,29 @@ class Poller:
             log.warning(
                 "cannot record event %s on %s/%s: %s", action.reason, job.namespace, job.name, error
             )
+
+
+def _with_outcome_of_actions(
+    action: PatchStatus, pod_uid: str | None, store_problem: str | None
+) -> PatchStatus:
+    """The status patch, completed with what the earlier actions found out.
+
+    The pure decision cannot know the UID the apiserver gives the pod it
+    creates, nor whether the results ConfigMap can be written.
+    """
+    update: dict[str, Any] = {}
+    if pod_uid is not None and action.status.pod_attempt is not None:
+        update["pod_uid"] = pod_uid
+    if store_problem is not None:
+        update["results_config_map"] = None
+        update["message"] = (
+            f"{action.status.message}; the complete results were not stored ({store_problem}): "
+            "status.results holds them"
+            + (", reduced" if action.status.results_reduced else "")
+        )
+    if not update:
+        return action
+    return replace(action, status=action.status.model_copy(update=update))
 
 
 def _custom_task_configmaps(manifest: dict[str, Any]) -> list[str]:

@@ -45,6 +45,7 @@ from poller.model import (
     StoreResults,
     parse_time,
 )
+from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.settings import Settings
 
 __all__ = [
@@ -81,10 +82,12 @@ S = api.JobState
 R = api.JobReason
 
 
-def decide_failure(job: JobView, now: dt.datetime, message: str) -> Decision:
+def decide_failure(
+    job: JobView, now: dt.datetime, message: str, cause: str | None = None
+) -> Decision:
     """End `job` Failed with `message` (e.g. its pod was refused). Pure."""
     draft = StatusDraft(job, now)
-    draft.finish(R.FAILED, message)
+    draft.finish(R.FAILED, message, cause)
     return Decision(draft.actions())
 
 
@@ -128,7 +131,17 @@ def _schedule(
         )
     except podspec.JobPodError as error:
         return decide_failure(job, now, str(error))
-    name = manifest["metadata"]["name"]
+    attempt = (job.status.pod_attempt or 0) + 1
+    draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec)
+    # The pod's UID is added by the actuator from the create response.
+    draft.fields.update(pod_attempt=attempt, pod_uid=None)
+    return Decision([CreatePod(manifest, attempt), *draft.actions()])
+
+
+def _scheduled_draft(
+    job: JobView, now: dt.datetime, name: str, spec: api.LMEvalJobSpec | None
+) -> StatusDraft:
+    """The status of a job whose pod `name` was just created (or adopted)."""
     draft = StatusDraft(job, now)
     resumed = job.status.state == S.SUSPENDED
     if resumed:
@@ -142,10 +155,24 @@ def _schedule(
     )
     draft.fields.update(pod_name=name, last_schedule_time=draft.now)
     draft.fields.setdefault("start_time", draft.now)
-    if (outputs := podspec.outputs_location(spec, job.name, job.uid)) is not None:
+    if spec is not None and (outputs := podspec.outputs_location(spec, job.name, job.uid)):
         draft.fields["outputs"] = outputs
     draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {name} created")
-    return Decision([CreatePod(manifest), *draft.actions()])
+    return draft
+
+
+def _adopt(job: JobView, pod: PodView, now: dt.datetime) -> Decision:
+    """Record a pod the poller made but had not recorded (it crashed, or lost a race)."""
+    if job.status.state in (None, S.NEW, S.SUSPENDED):
+        try:
+            spec: api.LMEvalJobSpec | None = api.LMEvalJobSpec.model_validate(job.spec)
+        except ValidationError:
+            spec = None  # only the outputs location is lost; the pod decides the rest
+        draft = _scheduled_draft(job, now, pod.name, spec)
+    else:
+        draft = StatusDraft(job, now)
+    draft.fields.update(pod_name=pod.name, pod_uid=pod.uid, pod_attempt=pod.proof_attempt)
+    return Decision(draft.actions())
 
 
 def queue_message(slot: QueueSlot) -> str:
@@ -403,6 +430,13 @@ def decide(
     state = job.status.state
     if state == S.COMPLETE:
         return _retention(job, settings, now)
+    if pod is not None:
+        trust, why = judge_pod(job, pod)
+        if trust is PodTrust.FOREIGN:
+            # Never read, archive or delete a pod the poller did not make.
+            return decide_failure(job, now, foreign_pod_message(pod, why), cause="ForeignPod")
+        if trust is PodTrust.ADOPT:
+            return _adopt(job, pod, now)
     if job.cancel_requested:
         return _stop(job, pod, settings, now, R.CANCELLED, "cancelled: spec.cancel is true")
     if job.suspend_requested:
@@ -446,12 +480,6 @@ def decide(
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodDeleted")
 
     draft = StatusDraft(job, now)
-    if state in (None, S.NEW):
-        # Adopted a pod made by an earlier poller that died before writing status.
-        draft.state(S.SCHEDULED, R.NO_REASON, f"pod {pod.name} created")
-        draft.fields.update(pod_name=pod.name, last_schedule_time=draft.now)
-        draft.fields.setdefault("start_time", draft.now)
-        draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {pod.name} created")
     if pod.main.state != "running":
         stuck = _pending(job, pod, settings, now, draft)
         return stuck if stuck is not None else Decision(draft.actions())

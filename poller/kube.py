@@ -43,7 +43,7 @@ from poller import api
 from poller.model import JobObject, PodObject
 from poller.transport import ApiTransport, ExecRefused
 
-__all__ = ["ApiError", "Conflict", "Kube", "NotFound"]
+__all__ = ["ApiError", "Conflict", "Kube", "NotFound", "NotOwned"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ class NotFound(Exception):
 
 class Conflict(Exception):
     """A write lost a race (409): re-read and decide again next cycle."""
+
+
+class NotOwned(Exception):
+    """An object under the name the poller would write belongs to someone else."""
 
 
 class ApiError(Exception):
@@ -248,6 +252,29 @@ class Kube:
     def configmap_exists(self, namespace: str, name: str) -> bool:
         return self.read_configmap_data(namespace, name) is not None
 
+    def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's data, still base64-encoded (only the poller's own key is read)."""
+        raw = self._request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/secrets/{name}",
+            verb="get",
+            resource="secrets",
+        )
+        data: dict[str, str] = json.loads(raw).get("data") or {}
+        return data
+
+    def find_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod `namespace/name` whatever its labels (a LIST: the poller may not GET pods)."""
+        raw = self._request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            verb="list",
+            resource="pods",
+            query={"fieldSelector": f"metadata.name={name}", "limit": 1},
+        )
+        items: list[dict[str, Any]] = _POD_PAGE.validate_json(raw).get("items") or []
+        return items[0] if items else None
+
     def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
         """The last `tail_lines` lines of a container's log."""
         raw = self._request(
@@ -261,11 +288,11 @@ class Kube:
 
     # -- writes ----------------------------------------------------------------
 
-    def create_pod(self, manifest: dict[str, Any]) -> bool:
-        """Create the pod; False when it already existed (the caller adopts it)."""
+    def create_pod(self, manifest: dict[str, Any]) -> str | None:
+        """Create the pod and return its UID; None when the name was taken already."""
         namespace = manifest["metadata"]["namespace"]
         try:
-            self._request(
+            raw = self._request(
                 "POST",
                 f"/api/v1/namespaces/{namespace}/pods",
                 verb="create",
@@ -273,8 +300,27 @@ class Kube:
                 body=manifest,
             )
         except Conflict:
-            return False
-        return True
+            return None
+        return str((_LIST_META.validate_json(raw).get("metadata") or {}).get("uid") or "")
+
+    def create_secret(
+        self, namespace: str, name: str, data: dict[str, str], labels: dict[str, str]
+    ) -> None:
+        """Create a Secret (data already base64); Conflict when it exists."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "type": "Opaque",
+            "data": data,
+        }
+        self._request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/secrets",
+            verb="create",
+            resource="secrets",
+            body=body,
+        )
 
     def patch_job_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
@@ -297,6 +343,9 @@ class Kube:
 
         With `merge`, keys already in the ConfigMap and absent from `manifest`
         are kept (the log archive must not wipe stored results, nor the reverse).
+        An existing ConfigMap is only ever updated when its controller is the
+        manifest's (another user may have made one under that name first):
+        else NotOwned.
         """
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
@@ -306,11 +355,16 @@ class Kube:
             return
         except Conflict:
             pass
+        current = json.loads(
+            self._request("GET", f"{path}/{name}", verb="get", resource="configmaps")
+        )
+        if _controller_uid(current) != _controller_uid(manifest):
+            raise NotOwned(
+                f"ConfigMap {name} in namespace {namespace} exists and is not owned by "
+                f"{_controller_text(manifest)}"
+            )
         body = manifest
         if merge:
-            current = json.loads(
-                self._request("GET", f"{path}/{name}", verb="get", resource="configmaps")
-            )
             body = {
                 **manifest,
                 "data": {**(current.get("data") or {}), **(manifest.get("data") or {})},
@@ -438,3 +492,14 @@ class Kube:
             resource="events",
             body=body,
         )
+
+
+def _controller_uid(obj: dict[str, Any]) -> str | None:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((str(o.get("uid")) for o in owners if o.get("controller")), None)
+
+
+def _controller_text(obj: dict[str, Any]) -> str:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    owner: dict[str, Any] = next((o for o in owners if o.get("controller")), {})
+    return f"{owner.get('kind', 'its owner')} {owner.get('name', '')} (uid {owner.get('uid')})"

@@ -14,6 +14,7 @@ a field a view starts reading must be added there too.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from poller import api, results
 __all__ = [
     "FINISHED_SPEC_KEYS",
     "FINISHED_STATUS_OMITS",
+    "PROOF_ANNOTATION",
     "Action",
     "ArchiveLog",
     "ContainerView",
@@ -40,6 +42,7 @@ __all__ = [
     "PodObject",
     "PodView",
     "PostEvent",
+    "ProofCheck",
     "QueueSlot",
     "ReadLog",
     "ReleaseHold",
@@ -80,6 +83,7 @@ class ObjectMeta(TypedDict, total=False):
     creationTimestamp: Any
     deletionTimestamp: Any
     ownerReferences: Any
+    annotations: Any
 
 
 class JobObject(TypedDict, total=False):
@@ -110,6 +114,13 @@ class PodObject(TypedDict, total=False):
 
     metadata: ObjectMeta
     status: PodStatusObject
+
+
+# Where the poller's proof of origin sits on a pod, and how it is checked:
+# (annotation value, namespace, pod name, owner job UID) -> the attempt it
+# proves, or None (`poller.identity.PodProof.verify`).
+PROOF_ANNOTATION = f"{api.API_GROUP}/pod-proof"
+ProofCheck = Callable[[str | None, str, str, str], int | None]
 
 
 # The spec keys a finished job's view keeps: what `JobView`'s switches and
@@ -239,9 +250,15 @@ class PodView:
     created: str = ""
     # The PodScheduled condition when it is not True (e.g. Unschedulable).
     unschedulable_message: str = ""
+    # Which of the job's pods the poller's keyed proof says this is (see
+    # `poller.identity`); None when it carries no valid proof: not ours.
+    proof_attempt: int | None = None
 
     @classmethod
-    def from_object(cls, obj: dict[str, Any], main_container: str) -> PodView:
+    def from_object(
+        cls, obj: dict[str, Any], main_container: str, verify: ProofCheck | None = None
+    ) -> PodView:
+        """The view of a listed pod; `verify` checks its proof of origin (else: no proof)."""
         meta = obj.get("metadata", {})
         status = obj.get("status") or {}
         main = next(
@@ -260,6 +277,14 @@ class PodView:
             deleting=bool(meta.get("deletionTimestamp")),
             main=ContainerView.from_status(main),
             owner_uid=owner.get("uid", ""),
+            proof_attempt=verify(
+                (meta.get("annotations") or {}).get(PROOF_ANNOTATION),
+                meta.get("namespace", ""),
+                meta.get("name", ""),
+                owner.get("uid", ""),
+            )
+            if verify is not None
+            else None,
             reason=status.get("reason") or "",
             message=status.get("message") or "",
             created=meta.get("creationTimestamp") or "",
@@ -297,7 +322,10 @@ class LogView:
 
 @dataclass(frozen=True)
 class CreatePod:
+    """Create the job pod; the actuator stamps the proof of origin for `attempt` on it."""
+
     manifest: dict[str, Any]
+    attempt: int = 1
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,18 @@ covered by tests/cluster; this module pins the cycle's own scheduling.
 
 from __future__ import annotations
 
+import base64
 import threading
 from typing import Any
 
 from driver.protocol import encode_marker
 from poller import api, podspec
 from poller.cycle import ACTION_WORKERS, Poller
+from poller.identity import KEY_FIELD, PodProof
+from poller.model import PROOF_ANNOTATION
+
+KEY = bytes(range(32))
+PROOF = PodProof(KEY)
 
 RUNNING = {
     "state": "Running",
@@ -45,8 +51,12 @@ RUNNING = {
 }
 
 
+def pod_of(name: str) -> str:
+    return podspec.pod_name(name, f"uid-{name}")
+
+
 def listed_job(name: str) -> dict[str, Any]:
-    status = {**RUNNING, "podName": f"{name}-pod"}
+    status = {**RUNNING, "podName": pod_of(name), "podAttempt": 1, "podUID": f"pod-{name}"}
     api.LMEvalJobStatus.model_validate(status)
     return {
         "metadata": {
@@ -69,10 +79,11 @@ def listed_pod(name: str, *, exit_code: int | None) -> dict[str, Any]:
     return {
         "metadata": {
             "namespace": "ns",
-            "name": f"{name}-pod",
+            "name": pod_of(name),
             "uid": f"pod-{name}",
             "creationTimestamp": "2026-11-30T00:00:00Z",
             "ownerReferences": [{"uid": f"uid-{name}", "controller": True}],
+            "annotations": {PROOF_ANNOTATION: PROOF.sign("ns", pod_of(name), f"uid-{name}", 1)},
         },
         "status": {
             "phase": "Running" if exit_code is None else "Failed",
@@ -98,6 +109,9 @@ class StandInKube:
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         # No progress reads: only the transitions' own requests are recorded.
         return {"pod-image": "registry.example/job:1", "progress-reads-per-cycle": "0"}
+
+    def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        return {KEY_FIELD: base64.b64encode(KEY).decode()}
 
     def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return self.jobs
@@ -130,7 +144,7 @@ def test_jobs_with_work_act_concurrently_and_in_order_each() -> None:
         [listed_job(n) for n in names],
         [listed_pod(n, exit_code=3 if n in ended else None) for n in names],
     )
-    kube.meeting_pods = {f"{n}-pod" for n in ended}
+    kube.meeting_pods = {pod_of(n) for n in ended}
     poller = Poller(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
     report = poller.run_cycle()
     assert ACTION_WORKERS >= 2
@@ -140,11 +154,12 @@ def test_jobs_with_work_act_concurrently_and_in_order_each() -> None:
     assert [job.name for job in report.snapshot] == names  # LIST order kept
     for name in ended:
         assert by_name[name].status.state == api.JobState.COMPLETE
-        own = [what for what, who in kube.calls if who in (name, f"{name}-pod")]
+        own = [what for what, who in kube.calls if who in (name, pod_of(name))]
         assert own[:2] == ["log", "patch"], own  # a job's own actions in order
     idle = {job.name: job for job in report.snapshot if job.name not in ended}
     assert all(job.status.state == api.JobState.RUNNING for job in idle.values())
-    assert not {who for _, who in kube.calls} & {"b-idle", "d-idle", "b-idle-pod", "d-idle-pod"}
+    idle_names = {"b-idle", "d-idle", pod_of("b-idle"), pod_of("d-idle")}
+    assert not {who for _, who in kube.calls} & idle_names
 
 
 def test_a_replica_that_loses_its_lease_stops_acting() -> None:

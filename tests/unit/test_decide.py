@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -48,7 +49,13 @@ RESULTS = {"results": {"toy": {"acc,none": 0.5, "acc_stderr,none": 0.1}}, "confi
 
 
 def job(status: dict[str, Any] | None = None, **spec: Any) -> JobView:
-    """The view a cycle builds from this listed object (a finished job's is compact)."""
+    """The view a cycle builds from this listed object (a finished job's is compact).
+
+    A status that names a pod records it as the poller does when it creates
+    one (attempt 1, the UID `pod()` has), unless the test says otherwise.
+    """
+    if status and "podName" in status:
+        status = {"podAttempt": 1, "podUID": "pod-uid", **status}
     api.LMEvalJobStatus.model_validate(status or {})  # only statuses the poller could write
     return JobView.from_object(
         {
@@ -85,6 +92,7 @@ def pod(
         deleting=deleting,
         main=ContainerView(state, **main),
         owner_uid="uid-1",
+        proof_attempt=1,
         reason=pod_reason,
         message=pod_message,
         created=format_time(NOW - dt.timedelta(seconds=created_ago)),
@@ -155,8 +163,53 @@ def test_running_container_sets_running_once() -> None:
 
 
 def test_adopts_a_pod_made_before_a_crash() -> None:
-    status = status_of(decide.decide(job(), pod(), SETTINGS, NOW))
-    assert status.pod_name == "eval-abc123" and status.state == api.JobState.RUNNING
+    # The poller made attempt 1 and died before writing the status: recorded now.
+    decision = decide.decide(job(), pod(), SETTINGS, NOW)
+    assert not any(isinstance(a, CreatePod | DeletePod) for a in decision.actions)
+    status = status_of(decision)
+    assert status.pod_name == "eval-abc123" and status.state == api.JobState.SCHEDULED
+    assert (status.pod_uid, status.pod_attempt) == ("pod-uid", 1)
+    again = job(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    assert status_of(decide.decide(again, pod(), SETTINGS, NOW)).state == api.JobState.RUNNING
+
+
+def test_a_new_pod_is_the_next_attempt_and_its_uid_is_left_to_the_actuator() -> None:
+    resumed = job({"state": "Suspended", "podName": "eval-abc123", "podAttempt": 2})
+    decision = decide.decide(resumed, None, SETTINGS, NOW)
+    create = decision.actions[0]
+    assert isinstance(create, CreatePod) and create.attempt == 3
+    status = status_of(decision)
+    assert status.pod_attempt == 3 and status.pod_uid is None
+
+
+def test_a_pod_made_at_resume_before_a_crash_is_adopted_not_waited_for() -> None:
+    suspended = {"state": "Suspended", "podName": "eval-abc123", "suspendTime": format_time(NOW)}
+    fresh = replace(pod(), uid="pod-2", proof_attempt=2)
+    status = status_of(decide.decide(job(suspended), fresh, SETTINGS, NOW))
+    assert status.state == api.JobState.SCHEDULED
+    assert (status.pod_uid, status.pod_attempt) == ("pod-2", 2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "status_extra", "words"),
+    [
+        ({"proof_attempt": None}, {}, "no valid proof that the poller created it"),
+        ({"owner_uid": "uid-other"}, {}, "ownerReference is not this job"),
+        ({"uid": "pod-forged"}, {}, "the job's pod was deleted and replaced"),
+        ({"proof_attempt": 1}, {"podAttempt": 2, "podUID": "pod-2"}, "attempt 1"),
+    ],
+)
+def test_a_pod_the_poller_did_not_make_fails_the_job_and_is_left_alone(
+    changes: dict[str, Any], status_extra: dict[str, Any], words: str
+) -> None:
+    foreign = replace(pod("terminated", exit_code=0), **changes)
+    decision = decide.decide(job(running_status(**status_extra)), foreign, SETTINGS, NOW)
+    assert all(isinstance(a, PatchStatus | PostEvent) for a in decision.actions)
+    status = status_of(decision)
+    assert status.reason == api.JobReason.FAILED
+    assert "pod eval-abc123 in namespace ns was not created by the poller" in (status.message or "")
+    assert words in (status.message or "")
+    assert condition(status, "Finished").reason == "ForeignPod"
 
 
 def test_terminated_container_asks_for_the_log_first() -> None:
@@ -364,10 +417,11 @@ def test_image_pull_backoff_within_timeout_waits() -> None:
     waiting = PodView(
         name="eval-abc123",
         namespace="ns",
-        uid="u",
+        uid="pod-uid",
         phase="Pending",
         deleting=False,
         owner_uid="uid-1",
+        proof_attempt=1,
         created=format_time(NOW),
         main=ContainerView("waiting", reason="ImagePullBackOff", message="img"),
     )

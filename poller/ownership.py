@@ -1,0 +1,66 @@
+"""Whether a pod found under a job's pod name is that job's pod: a pure judgement.
+
+The poller finds a job's pod by the deterministic name it gives it (in the
+job's own namespace), never by labels or ownerReferences alone: anyone who
+may create pods can copy those. What decides is the proof of origin that
+only the poller can compute (`poller.identity`, checked into
+`PodView.proof_attempt` when the pod is listed) and what the job's status
+recorded when the poller created it (`podAttempt`, `podUID`):
+
+* CURRENT: the pod the status records (same attempt; same UID once known).
+* ADOPT: the next attempt, made by the poller but not recorded yet: it
+  crashed, or lost a race, between creating the pod and writing the status.
+  The status then records it; nothing is created twice.
+* FOREIGN: anything else. No proof, another owner, a proof for an older
+  attempt (copied from an earlier pod), or the recorded attempt under another
+  UID (the real pod was deleted and replaced). A foreign pod is never
+  adopted, read, archived or deleted by the poller: the job ends Failed with
+  a message naming it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from poller.model import JobView, PodView
+
+__all__ = ["PodTrust", "foreign_pod_message", "judge_pod"]
+
+
+class PodTrust(Enum):
+    CURRENT = "current"
+    ADOPT = "adopt"
+    FOREIGN = "foreign"
+
+
+def judge_pod(job: JobView, pod: PodView) -> tuple[PodTrust, str]:
+    """The verdict on `pod` for `job`, and for FOREIGN the reason in words."""
+    if pod.owner_uid != job.uid:
+        return PodTrust.FOREIGN, "its controller ownerReference is not this job"
+    attempt = pod.proof_attempt
+    if attempt is None:
+        return PodTrust.FOREIGN, "it carries no valid proof that the poller created it"
+    recorded = job.status.pod_attempt or 0
+    if attempt == recorded:
+        if job.status.pod_uid is None:
+            return PodTrust.ADOPT, ""
+        if job.status.pod_uid == pod.uid:
+            return PodTrust.CURRENT, ""
+        return PodTrust.FOREIGN, (
+            f"its UID {pod.uid} is not {job.status.pod_uid}, the pod the poller created: "
+            "the job's pod was deleted and replaced"
+        )
+    if attempt == recorded + 1:
+        return PodTrust.ADOPT, ""
+    return PodTrust.FOREIGN, (
+        f"its proof names pod attempt {attempt}, and this job's current attempt is {recorded}"
+    )
+
+
+def foreign_pod_message(pod: PodView, why: str) -> str:
+    """What a job's status says when a pod it did not make holds its pod name."""
+    return (
+        f"pod {pod.name} in namespace {pod.namespace} was not created by the poller for "
+        f"this job ({why}); it was left untouched and is not taken for the job's pod: "
+        "delete it and submit the job again"
+    )
