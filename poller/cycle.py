@@ -216,8 +216,8 @@ class Poller:
             report.skipped = True
             return report
         settings = self.refresh_settings()
-        jobs, by_owner = self._observe(report, self._pod_proof())
-        queue = plan_queue(jobs, by_owner, settings.max_running_jobs)
+        jobs, pods_by_job = self._observe(report, self._pod_proof())
+        queue = plan_queue(jobs, pods_by_job, settings.max_running_jobs)
         # Transitions first, progress reads after: each progress read is a log
         # GET, and a job whose pod just ended must not wait behind dozens of them.
         # Deciding is pure and cheap; the jobs with something to do act on a
@@ -229,7 +229,7 @@ class Poller:
                 if not self.may_act():
                     report.skipped = True
                     break
-                pod, slot = by_owner.get(job.uid), queue.get(job.uid)
+                pod, slot = pods_by_job.get(job.uid), queue.get(job.uid)
                 if self._has_work(job, pod, settings, slot):
                     outcomes.append(
                         pool.submit(self._reconcile_safely, job, pod, settings, report, slot)
@@ -241,7 +241,9 @@ class Poller:
             current = item if isinstance(item, JobView) else item.result()
             # A job whose status was just written waits for the next cycle: its
             # resourceVersion is stale until then.
-            if current is item and self._progress_due(current, by_owner.get(current.uid), settings):
+            if current is item and self._progress_due(
+                current, pods_by_job.get(current.uid), settings
+            ):
                 progress_due.append(len(report.snapshot))
             report.snapshot.append(current)
         budget = settings.progress_reads_per_cycle
@@ -252,12 +254,12 @@ class Poller:
                 report.skipped = True
                 break
             job = report.snapshot[index]
-            pod = by_owner.get(job.uid)
+            pod = pods_by_job.get(job.uid)
             report.snapshot[index] = self._reconcile_safely(
                 job, pod, settings, report, None, progress_due=True
             )
             budget -= 1
-        self._forget_progress(by_owner)
+        self._forget_progress(pods_by_job)
         self._failures.forget_except({job.uid for job in jobs})
         report.duration = time.monotonic() - started
         return report
@@ -521,9 +523,7 @@ class Poller:
         trust, why = judge_pod(job, pod)
         if trust is PodTrust.FOREIGN:
             log.warning("pod %s/%s squats %s's pod name: %s", job.namespace, name, job.name, why)
-            self._apply_failure(
-                job, now, report, foreign_pod_message(pod, why), cause="ForeignPod"
-            )
+            self._apply_failure(job, now, report, foreign_pod_message(pod, why), cause="ForeignPod")
             return None
         log.info("adopting existing pod %s for %s/%s", name, job.namespace, job.name)
         return pod.uid
@@ -611,8 +611,7 @@ def _with_outcome_of_actions(
         update["results_config_map"] = None
         update["message"] = (
             f"{action.status.message}; the complete results were not stored ({store_problem}): "
-            "status.results holds them"
-            + (", reduced" if action.status.results_reduced else "")
+            "status.results holds them" + (", reduced" if action.status.results_reduced else "")
         )
     if not update:
         return action

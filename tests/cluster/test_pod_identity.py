@@ -149,9 +149,10 @@ def test_a_claiming_pod_beside_the_real_one_is_ignored(
     final = _complete(poller, jobs, "victim")
     assert final["reason"] == "Succeeded", final
     assert json.loads(final["results"]) == succeeded_run.results
-    assert final["podName"] == real and final["podUID"] == core.read_namespaced_pod(
-        real, jobs.namespace
-    ).metadata.uid
+    assert (
+        final["podName"] == real
+        and final["podUID"] == core.read_namespaced_pod(real, jobs.namespace).metadata.uid
+    )
 
 
 def test_a_claim_from_another_namespace_is_ignored(
@@ -255,8 +256,9 @@ def test_a_squatted_results_configmap_is_never_overwritten(
     assert final["reason"] == "Succeeded", final
     assert json.loads(final["results"]) == succeeded_run.results
     assert "resultsConfigMap" not in final
-    assert f"ConfigMap {squat} in namespace {jobs.namespace} exists and is not owned" in (
-        final["message"]
+    assert (
+        f"ConfigMap {squat} in namespace {jobs.namespace} exists and is not owned"
+        in (final["message"])
     )
     assert core.read_namespaced_config_map(squat, jobs.namespace).data == {"mine": "yes"}
 
