@@ -185,7 +185,8 @@ class Poller:
                     job = self._job_view(obj)
                 except Exception as error:  # one bad object never stops the others
                     self._count_error(report, obj.get("metadata") or {}, error)
-                    continue
+                    # Kept, so that it is ended or expires instead of being skipped for ever.
+                    job = JobView.unreadable(obj, error)
                 jobs.append(job)
                 views[job.uid] = job
             for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace):

@@ -430,6 +430,9 @@ def decide(
     state = job.status.state
     if state == S.COMPLETE:
         return _retention(job, settings, now)
+    if job.problem is not None:
+        message = f"the poller cannot read this LMEvalJob: {job.problem}"
+        return decide_failure(job, now, message, cause="UnreadableJob")
     if pod is not None:
         trust, why = judge_pod(job, pod)
         if trust is PodTrust.FOREIGN:

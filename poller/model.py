@@ -156,6 +156,9 @@ class JobView:
     spec: dict[str, Any]
     status: api.LMEvalJobStatus
     scores: tuple[results.Score, ...] = ()
+    # Why the listed object could not be read as a job (then spec and status
+    # hold only what could be salvaged, enough to end the job or expire it).
+    problem: str | None = None
 
     # Lifecycle switches, read from the raw spec: validating every spec on
     # every cycle would cost more than listing it.
@@ -198,6 +201,48 @@ class JobView:
             status=api.LMEvalJobStatus.model_validate(status),
             scores=results.parse_scores(text) if isinstance(text, str) else (),
         )
+
+
+    @classmethod
+    def unreadable(cls, obj: dict[str, Any], error: Exception) -> JobView:
+        """A view of an object `from_object` refused: its identity, the lifecycle
+        switches of its spec and every status field that still validates alone."""
+        meta = obj.get("metadata") or {}
+        spec, raw = obj.get("spec"), obj.get("status")
+        spec = spec if isinstance(spec, dict) else {}
+        raw = raw if isinstance(raw, dict) else {}
+        salvaged: dict[str, Any] = {}
+        for key in _SALVAGED_STATUS:
+            try:
+                api.LMEvalJobStatus.model_validate({key: raw[key]})
+            except Exception:  # noqa: S112 (missing or invalid alike: leave it out)
+                continue
+            salvaged[key] = raw[key]
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            generation=0,
+            resource_version=str(meta.get("resourceVersion") or ""),
+            creation_timestamp=str(meta.get("creationTimestamp") or ""),
+            deleting=bool(meta.get("deletionTimestamp")),
+            spec={k: v for k, v in spec.items() if k in FINISHED_SPEC_KEYS},
+            status=api.LMEvalJobStatus.model_validate(salvaged),
+            problem=f"{type(error).__name__}: {str(error)[:500]}",
+        )
+
+
+# What `JobView.unreadable` keeps of a status: enough to end or expire the job.
+_SALVAGED_STATUS = (
+    "state",
+    "reason",
+    "message",
+    "podName",
+    "podUID",
+    "podAttempt",
+    "completeTime",
+    "startTime",
+)
 
 
 @dataclass(frozen=True, slots=True)

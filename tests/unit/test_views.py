@@ -6,7 +6,9 @@ its whole spec and status; the scores are parsed once into the view for any
 job that has results, junk results give none; a compact view still makes
 the decisions a finished job needs (TTL) and the status patch a cycle would
 send for it can never erase what the view left out; `parse_scores` interns
-the names every job repeats.
+the names every job repeats; an object that cannot be read as a job still
+gets a view (what of its status validates alone), which ends it Failed
+saying why, or, when it had finished, still expires by its TTL.
 """
 
 from __future__ import annotations
@@ -176,3 +178,31 @@ def test_a_patch_built_from_a_compact_view_never_erases_what_it_left_out() -> No
     (patch,) = kube.patches
     assert patch["message"] == "changed"
     assert not FINISHED_STATUS_OMITS & set(patch)
+
+
+def _unreadable(state: str) -> JobView:
+    obj = {
+        "metadata": {"namespace": "ns", "name": "odd", "uid": "u", "resourceVersion": "9"},
+        "spec": {"model": "hf", "ttlSecondsAfterFinished": 60},
+        "status": {
+            "state": state,
+            "completeTime": format_time(NOW - dt.timedelta(hours=1)),
+            "bogus": {"deep": [1]},
+        },
+    }
+    with pytest.raises(ValueError) as caught:
+        JobView.from_object(obj)  # an unknown status field: refused by the model
+    return JobView.unreadable(obj, caught.value)
+
+
+def test_an_unreadable_job_is_kept_and_ended_with_the_reason() -> None:
+    view = _unreadable("Running")
+    assert view.status.state == api.JobState.RUNNING and view.problem
+    decision = decide.decide(view, None, Settings(), NOW)
+    (patch,) = [a for a in decision.actions if isinstance(a, PatchStatus)]
+    assert patch.status.reason == api.JobReason.FAILED
+    assert "the poller cannot read this LMEvalJob: ValidationError" in (patch.status.message or "")
+
+
+def test_an_unreadable_finished_job_still_expires() -> None:
+    assert decide.decide(_unreadable("Complete"), None, Settings(), NOW).actions == [DeleteJob()]
