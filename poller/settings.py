@@ -77,6 +77,12 @@ MAX_PROGRESS_READS_PER_CYCLE = 1000  # pod log reads in one cycle
 MAX_RUNNING_JOBS = 100_000
 MAX_DEFAULT_TTL_SECONDS = 365 * 86400  # 1 year
 MAX_LOG_ARCHIVE_BYTES = 512 * 1024  # the results ConfigMap must stay under 1 MiB
+# An image reference is a few hundred characters at most (host 253, path
+# 255, tag 128, digest 71). One with whitespace would make every job pod
+# fail (the apiserver refuses it, or no registry serves it): refused here,
+# where the key keeps its last good value instead.
+MAX_IMAGE_CHARS = 1024
+_IMAGE = r"^\S*$"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -184,10 +190,12 @@ class Settings(BaseModel):
     poll_interval: Annotated[
         Seconds, Field(alias="poll-interval", ge=0.5, le=MAX_POLL_INTERVAL)
     ] = 10.0
-    pod_image: Annotated[str, Field(alias="pod-image", min_length=1)] = (
-        "quay.io/lmeval-poller/lmeval-job:latest"
-    )
-    driver_image: Annotated[str, Field(alias="driver-image")] = ""
+    pod_image: Annotated[
+        str, Field(alias="pod-image", pattern=_IMAGE, min_length=1, max_length=MAX_IMAGE_CHARS)
+    ] = "quay.io/lmeval-poller/lmeval-job:latest"
+    driver_image: Annotated[
+        str, Field(alias="driver-image", pattern=_IMAGE, max_length=MAX_IMAGE_CHARS)
+    ] = ""
     image_pull_policy: Annotated[
         Literal["Always", "IfNotPresent", "Never"], Field(alias="image-pull-policy")
     ] = "IfNotPresent"

@@ -78,6 +78,9 @@ HOSTILE: list[tuple[str, str, str]] = [
     ("default-ttl-seconds-after-finished", "99999999999999999999", "less than or equal"),
     ("log-archive-bytes", "nan", "valid integer"),
     ("default-size", "huge", "not in size-presets"),
+    ("pod-image", " registry.example/x:1", "String should match pattern"),
+    ("driver-image", "registry.example/x:1\nmore", "String should match pattern"),
+    ("pod-image", "r/" + "x" * 2000, "at most 1024 characters"),
 ]
 
 
