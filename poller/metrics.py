@@ -241,7 +241,7 @@ class PollerMetrics:
                 report,
                 failure,
                 interval=float(poller.settings.poll_interval),
-                settings_problems=len(poller.tracker.problems),
+                settings_problems=poller.tracker.problem_count,
             )
 
         return hook

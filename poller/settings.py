@@ -4,15 +4,20 @@ The poller re-reads the ConfigMap every cycle (one cheap GET), so operators
 change the poll interval, images or limits without a restart. ConfigMap
 values are strings written by people, so each key is parsed on its own: a
 bad value is reported once and that key keeps its last good value, while the
-other keys still take effect. Nothing here can stop the poller.
+other keys still take effect. Nothing here can stop the poller: whatever the
+ConfigMap holds (YAML syntax errors, deep nesting, anchors and aliases, huge
+or non-finite numbers, thousands of junk keys), `SettingsTracker.update`
+returns valid Settings. Every limit below bounds the work one hostile value
+can cause per cycle, and the memory and log lines its problems can take.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -26,29 +31,86 @@ from pydantic import (
 
 from poller.api import DNS_LABEL, ResourceRequirements
 
-__all__ = ["CONFIGMAP_NAME", "Settings", "SettingsTracker", "parse_duration"]
+__all__ = [
+    "CONFIGMAP_NAME",
+    "MAX_DURATION_CHARS",
+    "MAX_PROBLEMS_LISTED",
+    "MAX_VALUE_CHARS",
+    "MAX_YAML_DEPTH",
+    "Settings",
+    "SettingsTracker",
+    "load_plain_yaml",
+    "parse_duration",
+]
 
 CONFIGMAP_NAME = "lmeval-poller-config"
 
 log = logging.getLogger(__name__)
+
+# A raw value longer than this is refused before any parsing: the largest
+# legitimate one, size-presets, is a few hundred bytes, and PyYAML parses
+# about 130 KB/s, so this caps one key's parse at about half a second (done
+# again only when the ConfigMap changes).
+MAX_VALUE_CHARS = 64 * 1024
+# Durations are short ("1h30m"); the cap also keeps the unit regex's
+# backtracking (quadratic in a run of digits: 8000 digits took 2.7 s) trivial.
+MAX_DURATION_CHARS = 64
+# Nesting of the YAML in size-presets (a preset needs 3: name, requests,
+# resource); deeper documents are refused while parsing, before PyYAML's
+# recursive composer or pydantic could exhaust the stack.
+MAX_YAML_DEPTH = 10
+# Problems kept (for the log and `problems`) per update; more are counted in
+# `problem_count` only, so a ConfigMap of 10,000 junk keys costs 100 log lines
+# once, not 10,000, and no memory beyond these.
+MAX_PROBLEMS_LISTED = 100
+# Characters of a bad value (and of the value kept) quoted in a problem.
+_SHOWN_CHARS = 80
+# Characters of a parser's own message quoted in a problem.
+_REASON_CHARS = 300
+
+# Upper bounds of the numeric settings: far above any sensible value, low
+# enough that arithmetic on them (timestamps, counters) stays ordinary.
+MAX_POLL_INTERVAL = 3600.0  # 1 h
+MAX_PROGRESS_INTERVAL = 86400.0  # 24 h
+MAX_POD_PENDING_TIMEOUT = 7 * 86400.0  # 7 days
+MAX_PROGRESS_READS_PER_CYCLE = 1000  # pod log reads in one cycle
+MAX_RUNNING_JOBS = 100_000
+MAX_DEFAULT_TTL_SECONDS = 365 * 86400  # 1 year
+MAX_LOG_ARCHIVE_BYTES = 512 * 1024  # the results ConfigMap must stay under 1 MiB
+# An image reference is a few hundred characters at most (host 253, path
+# 255, tag 128, digest 71). One with whitespace would make every job pod
+# fail (the apiserver refuses it, or no registry serves it): refused here,
+# where the key keeps its last good value instead.
+MAX_IMAGE_CHARS = 1024
+_IMAGE = r"^\S*$"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(text: object) -> float:
-    """Seconds in a Go-style duration ("10s", "1m30s", "500ms") or a plain number."""
+    """Seconds in a Go-style duration ("10s", "1m30s", "500ms") or a plain number.
+
+    Refuses what is not a finite number of seconds (nan, inf, 1e309, 10^400 h).
+    """
     if isinstance(text, int | float) and not isinstance(text, bool):
-        return float(text)
-    value = str(text).strip()
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    parts = _DURATION_PART.findall(value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 10s, 2m, 1h30m)")
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+        seconds = float(text)
+    else:
+        value = str(text).strip()
+        if len(value) > MAX_DURATION_CHARS:
+            raise ValueError(
+                f"not a duration: {len(value)} characters, at most {MAX_DURATION_CHARS}"
+            )
+        try:
+            seconds = float(value)
+        except ValueError:
+            parts = _DURATION_PART.findall(value)
+            if not parts or "".join(n + u for n, u in parts) != value:
+                raise ValueError(f"not a duration: {value!r} (use e.g. 10s, 2m, 1h30m)") from None
+            seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a duration: {text!r} is not a finite number of seconds")
+    return seconds
 
 
 def _boolean(text: object) -> object:
@@ -61,9 +123,50 @@ def _boolean(text: object) -> object:
     return text
 
 
+class _PlainYamlLoader(yaml.SafeLoader):
+    """SafeLoader without anchors and aliases, and with bounded nesting.
+
+    An alias is a pointer: ten levels of nine aliases each are a few hundred
+    bytes of YAML but 9**10 nodes once pydantic walks them (the "billion
+    laughs"). Settings never need them, so any anchor or alias is an error.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # (untyped in the stubs)
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, "YAML anchors and aliases are not allowed", event.start_mark
+            )
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def load_plain_yaml(text: str) -> object:
+    """One YAML document of plain data; `ValueError` naming line and column if not."""
+    try:
+        return yaml.load(text, Loader=_PlainYamlLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"invalid YAML: {error.problem or error.context}{where}") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"invalid YAML: {error}") from None
+
+
 def _yaml_mapping(text: object) -> object:
     if isinstance(text, str):
-        return yaml.safe_load(text) or {}
+        return load_plain_yaml(text) or {}
     return text
 
 
@@ -80,32 +183,45 @@ Flag = Annotated[bool, BeforeValidator(_boolean)]
 class Settings(BaseModel):
     """Every setting, with its default. Field aliases are the ConfigMap keys."""
 
-    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
-
-    poll_interval: Annotated[Seconds, Field(alias="poll-interval", ge=0.5, le=3600.0)] = 10.0
-    pod_image: Annotated[str, Field(alias="pod-image", min_length=1)] = (
-        "quay.io/lmeval-poller/lmeval-job:latest"
+    model_config = ConfigDict(
+        populate_by_name=True, frozen=True, extra="ignore", allow_inf_nan=False
     )
-    driver_image: Annotated[str, Field(alias="driver-image")] = ""
+
+    poll_interval: Annotated[
+        Seconds, Field(alias="poll-interval", ge=0.5, le=MAX_POLL_INTERVAL)
+    ] = 10.0
+    pod_image: Annotated[
+        str, Field(alias="pod-image", pattern=_IMAGE, min_length=1, max_length=MAX_IMAGE_CHARS)
+    ] = "quay.io/lmeval-poller/lmeval-job:latest"
+    driver_image: Annotated[
+        str, Field(alias="driver-image", pattern=_IMAGE, max_length=MAX_IMAGE_CHARS)
+    ] = ""
     image_pull_policy: Annotated[
         Literal["Always", "IfNotPresent", "Never"], Field(alias="image-pull-policy")
     ] = "IfNotPresent"
     job_service_account: Annotated[
         str, Field(alias="job-service-account", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     ] = "lmeval-job"
-    progress_interval: Annotated[Seconds, Field(alias="progress-interval", ge=1.0)] = 30.0
-    progress_reads_per_cycle: Annotated[int, Field(alias="progress-reads-per-cycle", ge=0)] = 50
-    pod_pending_timeout: Annotated[Seconds, Field(alias="pod-pending-timeout", ge=1.0)] = 600.0
-    max_running_jobs: Annotated[int, Field(alias="max-running-jobs", ge=0)] = 0
+    progress_interval: Annotated[
+        Seconds, Field(alias="progress-interval", ge=1.0, le=MAX_PROGRESS_INTERVAL)
+    ] = 30.0
+    progress_reads_per_cycle: Annotated[
+        int, Field(alias="progress-reads-per-cycle", ge=0, le=MAX_PROGRESS_READS_PER_CYCLE)
+    ] = 50
+    pod_pending_timeout: Annotated[
+        Seconds, Field(alias="pod-pending-timeout", ge=1.0, le=MAX_POD_PENDING_TIMEOUT)
+    ] = 600.0
+    max_running_jobs: Annotated[int, Field(alias="max-running-jobs", ge=0, le=MAX_RUNNING_JOBS)] = 0
     results_source: Annotated[Literal["log", "exec"], Field(alias="results-source")] = "log"
     allow_online: Annotated[Flag, Field(alias="allow-online")] = False
     allow_code_execution: Annotated[Flag, Field(alias="allow-code-execution")] = False
     default_ttl_seconds_after_finished: Annotated[
-        int | None, Field(alias="default-ttl-seconds-after-finished", ge=0)
+        int | None,
+        Field(alias="default-ttl-seconds-after-finished", ge=0, le=MAX_DEFAULT_TTL_SECONDS),
     ] = None
-    log_archive_bytes: Annotated[int, Field(alias="log-archive-bytes", ge=0, le=512 * 1024)] = (
-        64 * 1024
-    )
+    log_archive_bytes: Annotated[
+        int, Field(alias="log-archive-bytes", ge=0, le=MAX_LOG_ARCHIVE_BYTES)
+    ] = 64 * 1024
     size_presets: Annotated[
         dict[Annotated[str, Field(pattern=DNS_LABEL)], ResourceRequirements],
         BeforeValidator(_yaml_mapping),
@@ -137,41 +253,115 @@ class SettingsTracker:
     """Keeps the last good value of every key across re-reads.
 
     `update(data)` takes a ConfigMap's ``data`` (or None when the ConfigMap
-    does not exist) and returns the effective Settings. Problems are logged
-    once per distinct bad value and kept in `problems` for metrics.
+    does not exist) and returns the effective Settings; it never raises.
+    `problem_count` counts the keys currently ignored (the metric
+    ``lmeval_settings_problems``); `problems` lists the first
+    `MAX_PROBLEMS_LISTED` of them, each logged once while it lasts.
     """
 
     def __init__(self) -> None:
         self.current = Settings()
         self.problems: dict[str, str] = {}
+        self.problem_count = 0
         self._reported: set[tuple[str, str]] = set()
+        self._unlisted_reported = 0
+        # The data last seen: unchanged data (every cycle but the first after
+        # an edit) is not parsed again.
+        self._last_data: dict[str, object] | None = None
 
-    def update(self, data: Mapping[str, str] | None) -> Settings:
-        raw = dict(data or {})
+    def update(self, data: Mapping[str, object] | None) -> Settings:
+        raw = {str(key): value for key, value in (data or {}).items()}
+        if raw == self._last_data:
+            return self.current
+        problems: dict[str, str] = {}
+        try:
+            self.current = self._apply(raw, problems)
+        except Exception as error:  # a bug here must not stop the poller either
+            log.exception("settings in ConfigMap %s: keeping the current ones", CONFIGMAP_NAME)
+            problems["(all keys)"] = f"{type(error).__name__}: {_clip(str(error), _REASON_CHARS)}"
+        self._last_data = raw
+        self._report(problems, raw)
+        return self.current
+
+    def _apply(self, raw: dict[str, object], problems: dict[str, str]) -> Settings:
+        """The Settings `raw` asks for, key by key; refused keys go to `problems`."""
         for old, new in _KEY_ALIASES.items():
             if old in raw and new not in raw:
-                raw[new] = raw.pop(old)
+                raw = {**raw, new: raw[old]}
+                del raw[old]
         known = Settings.keys()
-        values = self.current.model_dump(by_alias=True)
+        given = {key: raw[key] for key in known if key in raw}
+        refused = {key: why for key, value in given.items() if (why := _refuse_raw(value))}
+        if not refused:
+            # The common case, and the one where keys change together (a new
+            # size-presets with a default-size among them) for good reasons.
+            try:
+                return Settings.model_validate(given)
+            except Exception:  # noqa: S110 (judged key by key below, with reasons)
+                pass
+        accepted = self.current
+        values = accepted.model_dump(by_alias=True)
         defaults = Settings().model_dump(by_alias=True)
-        problems: dict[str, str] = {}
-        for key in raw:
-            if key not in known and key not in _KEY_ALIASES:
-                problems[key] = "unknown key (ignored)"
         for key in known:
-            if key not in raw:
-                values[key] = defaults[key]  # a removed key returns to its default
+            # A removed key returns to its default (if the others allow it).
+            value = given.get(key, defaults[key])
+            if key in refused:
+                problems[key] = f"{_shown(value)}: {refused[key]}; keeping {_shown(values[key])}"
                 continue
             try:
-                candidate = Settings.model_validate({**values, key: raw[key]})
+                candidate = Settings.model_validate({**values, key: value})
             except ValidationError as error:
-                problems[key] = f"{raw[key]!r}: {error.errors()[0]['msg']}; keeping {values[key]!r}"
+                reason = error.errors()[0]["msg"]
+            except Exception as error:  # yaml, recursion, anything: this key's problem
+                reason = f"{type(error).__name__}: {error}"
+            else:
+                accepted, values = candidate, candidate.model_dump(by_alias=True)
                 continue
-            values[key] = candidate.model_dump(by_alias=True)[key]
-        for key, problem in problems.items():
+            where = "" if key in given else "removed, but "
+            problems[key] = (
+                f"{where}{_shown(value)}: {_clip(reason, _REASON_CHARS)}; "
+                f"keeping {_shown(values[key])}"
+            )
+        return accepted
+
+    def _report(self, problems: dict[str, str], raw: Mapping[str, object]) -> None:
+        """Keep and log the first MAX_PROBLEMS_LISTED problems, count them all."""
+        known = Settings.keys()
+        unknown = [key for key in raw if key not in known and key not in _KEY_ALIASES]
+        self.problem_count = len(problems) + len(unknown)
+        listed = dict(problems)
+        for key in unknown[: max(0, MAX_PROBLEMS_LISTED - len(listed))]:
+            listed[_clip(key, _SHOWN_CHARS)] = "unknown key (ignored)"
+        for key, problem in listed.items():
             if (key, problem) not in self._reported:
-                self._reported.add((key, problem))
                 log.warning("setting %s in ConfigMap %s: %s", key, CONFIGMAP_NAME, problem)
-        self.problems = problems
-        self.current = Settings.model_validate(values)
-        return self.current
+        unlisted = self.problem_count - len(listed)
+        if unlisted and unlisted != self._unlisted_reported:
+            log.warning(
+                "ConfigMap %s: %d more unknown keys (ignored), not listed one by one",
+                CONFIGMAP_NAME,
+                unlisted,
+            )
+        # Only the problems still present are remembered: a bounded set, and a
+        # problem that comes back after a fix is logged again.
+        self._reported = set(listed.items())
+        self._unlisted_reported = unlisted
+        self.problems = listed
+
+
+def _refuse_raw(value: object) -> str | None:
+    """Why a raw ConfigMap value is refused before any parsing, or None."""
+    if not isinstance(value, str):
+        return f"not a string but {type(value).__name__}"
+    if len(value) > MAX_VALUE_CHARS:
+        return f"{len(value)} characters, at most {MAX_VALUE_CHARS}"
+    return None
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _shown(value: object) -> str:
+    """A value quoted in a problem, however large it is."""
+    return _clip(repr(value), _SHOWN_CHARS)

@@ -175,10 +175,14 @@ def _alive(pid: int) -> bool:
 
 
 def install(plane: ControlPlane, namespace: str) -> None:
-    """The CRD, the poller's namespace and RBAC, a job namespace, the settings."""
+    """The CRD, the poller's namespace and RBAC, the admission policies, a job
+    namespace, the settings."""
     plane.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
     plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / "namespace.yaml"))
     plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / "rbac.yaml"))
+    # As installed: the sample's job passes them (its creator is the admin), and
+    # the poller, acting as its ServiceAccount, may make the claimed job pod.
+    plane.kubectl("apply", "--server-side", "-k", str(REPO_ROOT / "deploy" / "admission"))
     plane.kubectl("create", "namespace", namespace)
     job_sa = REPO_ROOT / "deploy" / "components" / "job-namespace" / "job-serviceaccount.yaml"
     plane.kubectl("apply", "-n", namespace, "-f", str(job_sa))

@@ -63,8 +63,15 @@ MAX_SECRETS = 8
 
 @pytest.fixture(scope="module")
 def policy(poller_installed: ControlPlane) -> ControlPlane:
-    """The policy from deploy/admission, applied as the install would."""
-    poller_installed.kubectl("apply", "--server-side", "-k", str(POLICY_DIR))
+    """The policy from deploy/admission, applied as the install would.
+
+    Only this policy's file: the claims policy next to it, bound cluster-wide,
+    would refuse the claimed pods other modules create as the admin
+    (test_claims_policy binds it to its own namespaces).
+    """
+    poller_installed.kubectl(
+        "apply", "--server-side", "-f", str(POLICY_DIR / "lmevaljob-policy.yaml")
+    )
     return poller_installed
 
 

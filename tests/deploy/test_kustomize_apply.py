@@ -13,7 +13,10 @@ there to judge it, and applying it would change the shared namespace.
 The real apply leaves the installation in place for the rest of the session
 (it is what ``poller_installed`` installs too, plus the Deployment, which is
 deleted afterwards, and the settings ConfigMap, which is set aside before and
-put back after, as other tests left it).
+put back after, as other tests left it), except the claims policy's
+cluster-wide binding: other modules create claimed pods as the admin (to
+play forged or leftover pods), which that policy refuses to all but the
+poller; ``test_claims_policy`` binds it to its own namespaces instead.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from tests.deploy.conftest import OVERLAYS, POLLER_NS, documents
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
+
+CLAIMS_POLICY = "lmeval-poller-claims"
 
 
 def _render(plane: ControlPlane, overlay: str) -> str:
@@ -85,8 +90,20 @@ def settings_set_aside(admin_api: client.ApiClient) -> Iterator[None]:
         core.create_namespaced_config_map(POLLER_NS, body)
 
 
+@pytest.fixture
+def claims_binding_removed(control_plane: ControlPlane) -> Iterator[None]:
+    """The claims policy's cluster-wide binding, deleted after the test (see above)."""
+    yield
+    control_plane.kubectl(
+        "delete", "validatingadmissionpolicybinding", CLAIMS_POLICY, "--ignore-not-found"
+    )
+
+
 def test_kubernetes_overlay_applies_and_the_poller_pod_is_admitted(
-    control_plane: ControlPlane, admin_api: client.ApiClient, settings_set_aside: None
+    control_plane: ControlPlane,
+    admin_api: client.ApiClient,
+    settings_set_aside: None,
+    claims_binding_removed: None,
 ) -> None:
     manifests = _render(control_plane, "kubernetes")
     docs = documents(manifests)
@@ -118,15 +135,16 @@ def test_kubernetes_overlay_applies_and_the_poller_pod_is_admitted(
     finally:
         apps.delete_namespaced_deployment("lmeval-poller", POLLER_NS)
 
-    def policy_checked() -> dict | None:
-        out = control_plane.kubectl(
-            "get", "validatingadmissionpolicies", "lmevaljob-requester-rights", "-o", "json"
-        )
+    def policy_checked(policy: str) -> dict | None:
+        out = control_plane.kubectl("get", "validatingadmissionpolicies", policy, "-o", "json")
         status = json.loads(out.stdout).get("status") or {}
         return status if "typeChecking" in status else None
 
-    status = wait_for(policy_checked, timeout=30, what="the policy's type checking")
-    assert not status["typeChecking"].get("expressionWarnings"), status
+    for policy in ("lmevaljob-requester-rights", CLAIMS_POLICY):
+        status = wait_for(
+            lambda p=policy: policy_checked(p), timeout=30, what=f"{policy}'s type checking"
+        )
+        assert not status["typeChecking"].get("expressionWarnings"), status
 
 
 def test_openshift_overlay_passes_a_server_side_dry_run(

@@ -13,7 +13,8 @@ in a comment), and the install guide (INSTALL.md or README.md) documents
 every setting and every rule; the job-namespace component gives a
 token-less ServiceAccount that nothing binds, and restricted Pod Security
 labels; the optional deploy/metrics component's ServiceMonitor selects the
-base's metrics Service and port.
+base's metrics Service and port; the claims policy names the ServiceAccount
+the Deployment runs as, and is bound in every namespace.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def test_overlays_render_the_same_objects(rendered: dict[str, list[Manifest]]) -
         ("Service", "lmeval-poller-metrics"),
         ("ValidatingAdmissionPolicy", "lmevaljob-requester-rights"),
         ("ValidatingAdmissionPolicyBinding", "lmevaljob-requester-rights"),
+        ("ValidatingAdmissionPolicy", "lmeval-poller-claims"),
+        ("ValidatingAdmissionPolicyBinding", "lmeval-poller-claims"),
     }
     assert expected <= _keys(kubernetes)
     for doc in kubernetes:
@@ -154,6 +157,23 @@ def test_deployment_is_restricted_and_probed(
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+@pytest.mark.parametrize("overlay", ["kubernetes", "openshift"])
+def test_claims_policy_names_the_pollers_service_account(
+    rendered: dict[str, list[Manifest]], overlay: str
+) -> None:
+    """Only the poller may make claimed pods: the policy must name the account it runs as."""
+    docs = rendered[overlay]
+    deployment = find(docs, "Deployment", "lmeval-poller")
+    account = _pod_spec(docs)["serviceAccountName"]
+    user = f"system:serviceaccount:{deployment['metadata']['namespace']}:{account}"
+    policy = find(docs, "ValidatingAdmissionPolicy", "lmeval-poller-claims")
+    poller = policy["spec"]["variables"][0]
+    assert poller == {"name": "poller", "expression": f"'{user}'"}
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", "lmeval-poller-claims")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"]  # every namespace
 
 
 def test_only_the_kubernetes_overlay_pins_a_uid(rendered: dict[str, list[Manifest]]) -> None:

@@ -335,7 +335,7 @@ def test_kube_requests_leader_and_settings_problems(
     assert value(registry, "lmeval_leader") == 0
     poller = SimpleNamespace(
         settings=SimpleNamespace(poll_interval=2.5),
-        tracker=SimpleNamespace(problems={"poll-interval": "bad", "typo": "unknown key"}),
+        tracker=SimpleNamespace(problem_count=2),
     )
     metrics.cycle_hook(poller)(CycleReport(), None)
     assert value(registry, "lmeval_poll_interval_seconds") == 2.5
