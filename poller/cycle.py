@@ -30,7 +30,7 @@ from typing import Any
 
 from driver.protocol import decode_text
 from poller import decide as decisions
-from poller import podspec, results
+from poller import podspec, results, tasksnapshot
 from poller.kube import ApiError, Conflict, Kube, NotFound
 from poller.model import (
     ArchiveLog,
@@ -405,19 +405,10 @@ class Poller:
     def _create_pod(
         self, job: JobView, action: CreatePod, now: dt.datetime, report: CycleReport
     ) -> bool:
-        missing = [
-            name
-            for name in _custom_task_configmaps(action.manifest)
-            if not self.kube.configmap_exists(job.namespace, name)
-        ]
-        if missing:
-            self._apply_failure(
-                job,
-                now,
-                report,
-                f"spec.customTasks: ConfigMap {', '.join(missing)} not found in namespace "
-                f"{job.namespace}",
-            )
+        # Custom tasks: checked for code and frozen into the job's snapshots.
+        problem = tasksnapshot.prepare_custom_tasks(self.kube, job, self.settings)
+        if problem is not None:
+            self._apply_failure(job, now, report, problem)
             return False
         try:
             created = self.kube.create_pod(action.manifest)
@@ -480,11 +471,6 @@ class Poller:
             log.warning(
                 "cannot record event %s on %s/%s: %s", action.reason, job.namespace, job.name, error
             )
-
-
-def _custom_task_configmaps(manifest: dict[str, Any]) -> list[str]:
-    volumes = manifest.get("spec", {}).get("volumes") or []
-    return [v["configMap"]["name"] for v in volumes if "configMap" in v]
 
 
 def _api_message(error: ApiError) -> str:

@@ -1,0 +1,333 @@
+"""Find every place where a custom-task ConfigMap makes lm_eval run code.
+
+A job's ``spec.customTasks`` ConfigMaps are mounted in its pod and handed to
+lm_eval with ``--include_path``. Whoever can write such a ConfigMap then
+decides what lm_eval does, and lm_eval 0.4.13 runs Python named by task
+files whatever ``--confirm_run_unsafe_code`` says. Read from its source:
+
+- ``lm_eval/tasks/_yaml_loader.py`` loads task YAML with ``yaml.load`` and a
+  loader derived from ``CSafeLoader`` (``FullLoader`` when PyYAML lacks
+  libyaml, which also honours ``!!python/name:`` tags) plus a ``!function``
+  constructor. ``!function mod.fn`` executes ``mod.py`` next to the YAML (the
+  dots become slashes, so ``!function ..x.fn`` resolves outside the folder,
+  to ``/x.py``), and when no such file exists imports ``mod`` from the image
+  (``!function os.system`` is enough). Any position: ``process_docs``,
+  ``doc_to_text``, ``metric``, ``aggregation``, ``custom_dataset``,
+  ``class`` (a Python task class), filters...
+- ``include:`` loads another file as task YAML: relative to the file, or any
+  absolute path (another ConfigMap, a claim, whatever the pod mounts), and
+  whatever its name (``include: data.txt`` parses data.txt as YAML).
+- Templates (``doc_to_text``, ``doc_to_target``, ``doc_to_choice``,
+  ``gen_prefix``...) are rendered by ``lm_eval.utils.apply_template`` with a
+  plain ``jinja2.Environment``, not a sandboxed one: ``{{ x.__class__ }}``,
+  ``cycler.__init__.__globals__.os`` and generator frames reach Python.
+- A metric name lm_eval does not know, or any with ``hf_evaluate: true``, goes
+  to ``evaluate.load``, which imports a local ``.py`` path or (online) a
+  metric script from the Hugging Face Hub.
+- ``trust_remote_code`` in ``dataset_kwargs``: lm_eval drops it with
+  datasets >= 4 (the image has 5.2, which runs no loading scripts), but an
+  image with an older datasets would run the dataset's script.
+
+This module is pure: it reads a ConfigMap's ``data`` and ``binaryData`` and
+returns `Finding`s (key, what, a short quote). It parses rather than greps:
+a quoted string that mentions ``!function`` is not a tag, and a template is
+read with Jinja's own parser. A YAML file that does not parse is a finding
+too (what lm_eval would make of it cannot be checked).
+
+Templates are judged statically, which cannot be exact for an unsandboxed
+Jinja: a template is flagged when it names an attribute or key that is
+private (``_x``, ``__class__``) or on the list Jinja's own sandbox refuses
+(frames, generators, ``mro``, ``format``), looks an attribute up by a
+computed name (``attr``, ``map(attribute=...)``), subscripts with a computed
+key twice in one chain, calls what a computed subscript returned, or binds it
+with ``set``/``for``/``with``. Plain templates such as ``{{choices[answer]}}``
+pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import jinja2
+import yaml
+from jinja2 import nodes as jn
+
+__all__ = [
+    "MAX_CONFIGMAP_BYTES",
+    "MAX_FINDINGS",
+    "MAX_TEMPLATES",
+    "QUOTE_CHARS",
+    "Finding",
+    "scan_configmap",
+]
+
+# The apiserver refuses a ConfigMap whose data and binaryData exceed 1 MiB
+# together; anything larger cannot come from a valid object and is not parsed.
+MAX_CONFIGMAP_BYTES = 1024 * 1024
+# Findings kept per ConfigMap: enough to say what to fix, bounded for messages.
+MAX_FINDINGS = 20
+# Characters of the offending text quoted in a finding.
+QUOTE_CHARS = 80
+# Templates parsed per ConfigMap (Jinja parses ~7000 small ones a second here;
+# a task has a handful): past this the ConfigMap is reported, not parsed on.
+MAX_TEMPLATES = 1000
+
+YAML_SUFFIXES = (".yaml", ".yml")
+PYTHON_SUFFIXES = (".py", ".pyc", ".pyw", ".pth", ".so")
+# Tags a task file may carry without naming code: YAML's own core schema.
+_CORE = "tag:yaml.org,2002:"
+SAFE_TAGS = frozenset(
+    _CORE + name
+    for name in (
+        "str", "int", "float", "bool", "null", "map", "seq", "timestamp",
+        "binary", "merge", "omap", "pairs", "set", "value",
+    )
+)  # fmt: skip
+# Attribute names Jinja's SandboxedEnvironment refuses besides private ones
+# (jinja2.sandbox.is_internal_attribute and its str.format handling).
+UNSAFE_ATTRIBUTES = frozenset(
+    {
+        "mro", "format", "format_map",
+        "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await",
+        "ag_frame", "ag_code", "ag_await", "tb_frame", "tb_next",
+        "f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_trace",
+        "func_code", "func_globals", "im_class", "im_func", "im_self",
+    }
+)  # fmt: skip
+# Jinja's default globals are Python objects, not data: any lookup on them.
+JINJA_GLOBALS = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace", "self"})
+# Filters that look attributes up by a name given as an argument.
+ATTRIBUTE_FILTERS = frozenset(
+    {"attr", "map", "selectattr", "rejectattr", "groupby", "sort", "sum", "min", "max", "unique",
+     "join"}
+)  # fmt: skip
+_ATTRIBUTE_FIRST_ARG = frozenset({"attr", "selectattr", "rejectattr", "groupby"})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One place in a ConfigMap that names code (or cannot be checked)."""
+
+    key: str
+    what: str
+    quote: str = ""
+    line: int = 0  # in the file, when known (for ordering and the message)
+
+    def __str__(self) -> str:
+        where = f" line {self.line}" if self.line else ""
+        quoted = f": {self.quote}" if self.quote else ""
+        return f"key {self.key}{where}: {self.what}{quoted}"
+
+
+def _quote(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= QUOTE_CHARS else flat[: QUOTE_CHARS - 3] + "..."
+
+
+def scan_configmap(data: Mapping[str, str], binary_data: Mapping[str, str]) -> list[Finding]:
+    """Every place in a ConfigMap's files that names code, in key order (bounded)."""
+    size = sum(len(k) + len(v) for k, v in (*data.items(), *binary_data.items()))
+    if size > MAX_CONFIGMAP_BYTES:
+        return [Finding("*", f"too large to check ({size} bytes, limit {MAX_CONFIGMAP_BYTES})")]
+    files: dict[str, bytes] = {key: value.encode("utf-8") for key, value in data.items()}
+    findings: list[Finding] = []
+    for key, value in binary_data.items():
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            findings.append(Finding(key, "binaryData that is not base64"))
+    findings += _scan_files(files)
+    findings.sort(key=lambda f: (f.key, f.line))
+    return findings[:MAX_FINDINGS]
+
+
+def _scan_files(files: Mapping[str, bytes]) -> list[Finding]:
+    findings = [
+        Finding(key, "a Python file (task YAML can run it with !function)")
+        for key in files
+        if key.endswith(PYTHON_SUFFIXES)
+    ]
+    # lm_eval indexes *.yaml; include: loads any file of the folder as YAML.
+    pending = [key for key in files if key.endswith(YAML_SUFFIXES)]
+    parsed: set[str] = set()
+    budget = _Budget(MAX_TEMPLATES)
+    while pending:
+        key = pending.pop()
+        if key in parsed:
+            continue
+        parsed.add(key)
+        for item in _scan_yaml(key, files[key], budget):
+            if isinstance(item, Finding):
+                findings.append(item)
+            elif item in files:
+                pending.append(item)
+    return findings
+
+
+@dataclass
+class _Budget:
+    templates: int
+
+
+# libyaml is ~8x faster than PyYAML's Python parser and refuses nesting deeper
+# than 1000 levels; PyYAML's parser stops at the recursion limit instead.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _scan_yaml(key: str, text: bytes, budget: _Budget) -> Iterator[Finding | str]:
+    """Findings in one YAML file, and the names of sibling files it includes."""
+    try:
+        documents = list(yaml.compose_all(text, Loader=_LOADER))
+    except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        yield Finding(key, "YAML that does not parse (cannot be checked)", _quote(first))
+        return
+    seen: set[int] = set()
+    stack: list[yaml.Node] = [doc for doc in documents if doc is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:  # aliases share nodes: each is walked once
+            continue
+        seen.add(id(node))
+        if node.tag not in SAFE_TAGS:
+            value = node.value if isinstance(node, yaml.ScalarNode) else "..."
+            line = node.start_mark.line + 1
+            yield Finding(key, f"YAML tag {node.tag}", _quote(f"{node.tag} {value}"), line)
+        if isinstance(node, yaml.MappingNode):
+            for name, value in node.value:
+                stack += [name, value]
+                if isinstance(name, yaml.ScalarNode):
+                    yield from _scan_entry(key, str(name.value), value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+        elif isinstance(node, yaml.ScalarNode) and node.tag == _CORE + "str":
+            template = str(node.value)
+            if "{{" not in template and "{%" not in template:
+                continue
+            line = node.start_mark.line + 1
+            if budget.templates <= 0:
+                yield Finding(key, f"more than {MAX_TEMPLATES} templates (not all checked)")
+                return
+            budget.templates -= 1
+            reason = _template_reason(template)
+            if reason is not None:
+                what = f"a template that reaches Python ({reason})"
+                yield Finding(key, what, _quote(template), line)
+
+
+def _scalars(node: yaml.Node) -> list[str]:
+    if isinstance(node, yaml.ScalarNode):
+        return [str(node.value)]
+    if isinstance(node, yaml.SequenceNode):
+        return [str(n.value) for n in node.value if isinstance(n, yaml.ScalarNode)]
+    return []
+
+
+def _scan_entry(key: str, name: str, value: yaml.Node) -> Iterator[Finding | str]:
+    """What a task-file entry means beyond its tags (include, class, metric...)."""
+    line = value.start_mark.line + 1
+    if name == "include":
+        for target in _scalars(value):
+            if "/" in target or target.startswith(".."):
+                yield Finding(key, "include of a file outside this ConfigMap", _quote(target), line)
+            else:
+                yield target
+    elif name == "class":
+        yield Finding(key, "class: a Python task class", _quote(str(value.value)), line)
+    elif name == "trust_remote_code" and _truthy(value):
+        yield Finding(key, "trust_remote_code (a dataset loading script)", "", line)
+    elif name == "hf_evaluate" and _truthy(value):
+        yield Finding(key, "hf_evaluate: a metric script loaded by evaluate", "", line)
+    elif name == "metric":
+        for metric in _scalars(value):
+            if "/" in metric or metric.endswith(".py"):
+                yield Finding(key, "metric loaded by evaluate from a path", _quote(metric), line)
+
+
+def _truthy(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and str(node.value).strip().lower() not in (
+        "", "false", "no", "off", "0", "null", "~",
+    )  # fmt: skip
+
+
+# -- templates -------------------------------------------------------------------
+
+
+def _unsafe_name(name: object) -> bool:
+    if not isinstance(name, str):
+        return False
+    # A lone "_" is a fill-in blank in task text, not an attribute anyone has.
+    private = name.startswith("_") and name.strip("_") != ""
+    return private or name in UNSAFE_ATTRIBUTES
+
+
+def _unsafe_path(path: object) -> bool:
+    """An ``attribute=`` argument: dotted, each part looked up in turn."""
+    return isinstance(path, str) and any(_unsafe_name(part) for part in path.split("."))
+
+
+_ENV = jinja2.Environment(autoescape=False)  # noqa: S701 (parsing only, never rendering)
+
+
+def _template_reason(text: str) -> str | None:
+    """Why the template `text` may reach Python, or None."""
+    try:
+        tree = _ENV.parse(text)
+    except (jinja2.TemplateSyntaxError, RecursionError):
+        # The job image's Jinja may be another version, and its stack deeper:
+        # what cannot be parsed here cannot be vouched for.
+        return "it does not parse here, so it cannot be checked"
+    for node in tree.find_all(jn.Node):
+        reason = _node_reason(node)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _is_computed(node: jn.Node) -> bool:
+    """A subscript whose key is not a literal (so maybe a name from the data)."""
+    return (
+        isinstance(node, jn.Getitem)
+        and not isinstance(node.arg, jn.Const)
+        and not isinstance(node.arg, jn.Slice)
+    )
+
+
+def _contains_computed(node: jn.Node) -> bool:
+    return _is_computed(node) or any(_is_computed(n) for n in node.find_all(jn.Getitem))
+
+
+def _node_reason(node: jn.Node) -> str | None:
+    if isinstance(node, jn.Getattr) and _unsafe_name(node.attr):
+        return f"attribute {node.attr}"
+    if isinstance(node, jn.Getitem):
+        if isinstance(node.arg, jn.Const) and _unsafe_name(node.arg.value):
+            return f"key {node.arg.value}"
+        if _is_computed(node) and _contains_computed(node.node):
+            return "two computed lookups in one chain"
+    if isinstance(node, jn.Getattr | jn.Getitem):
+        base = node.node
+        if isinstance(base, jn.Name) and base.name in JINJA_GLOBALS:
+            return f"a lookup on Jinja's {base.name}"
+    if isinstance(node, jn.Call) and _is_computed(node.node):
+        return "a call of what a computed lookup returned"
+    if isinstance(node, jn.Filter | jn.Test) and node.name in ATTRIBUTE_FILTERS:
+        arguments = [*node.args[:1]] if node.name in _ATTRIBUTE_FIRST_ARG else []
+        arguments += [kw.value for kw in node.kwargs if kw.key == "attribute"]
+        if node.name == "attr":
+            arguments = [*node.args]
+        for argument in arguments:
+            if not isinstance(argument, jn.Const) or _unsafe_path(argument.value):
+                return f"an attribute looked up by name ({node.name})"
+    if isinstance(node, jn.Assign | jn.For | jn.With | jn.AssignBlock):
+        bound = [node.node] if isinstance(node, jn.Assign) else []
+        if isinstance(node, jn.For):
+            bound = [node.iter]
+        if isinstance(node, jn.With):
+            bound = list(node.values)
+        if any(_contains_computed(value) for value in bound):
+            return "a computed lookup bound to a name"
+    return None
