@@ -9,9 +9,9 @@ files whatever ``--confirm_run_unsafe_code`` says. Read from its source:
   loader derived from ``CSafeLoader`` (``FullLoader`` when PyYAML lacks
   libyaml, which also honours ``!!python/name:`` tags) plus a ``!function``
   constructor. ``!function mod.fn`` executes ``mod.py`` next to the YAML (the
-  dots become slashes, so ``!function ..x.fn`` resolves outside the folder,
-  to ``/x.py``), and when no such file exists imports ``mod`` from the image
-  (``!function os.system`` is enough). Any position: ``process_docs``,
+  dots become slashes, so ``!function .tmp.x.fn`` runs ``/tmp/x.py``), and
+  when no such file exists imports ``mod`` from the image (``!function
+  os.system`` is enough). Any position: ``process_docs``,
   ``doc_to_text``, ``metric``, ``aggregation``, ``custom_dataset``,
   ``class`` (a Python task class), filters...
 - ``include:`` loads another file as task YAML: relative to the file, or any
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import posixpath
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -59,6 +60,8 @@ __all__ = [
     "MAX_CONFIGMAP_BYTES",
     "MAX_FINDINGS",
     "MAX_TEMPLATES",
+    "MAX_TEMPLATE_CHARS",
+    "MAX_YAML_EVENTS",
     "QUOTE_CHARS",
     "Finding",
     "scan_configmap",
@@ -71,9 +74,14 @@ MAX_CONFIGMAP_BYTES = 1024 * 1024
 MAX_FINDINGS = 20
 # Characters of the offending text quoted in a finding.
 QUOTE_CHARS = 80
-# Templates parsed per ConfigMap (Jinja parses ~7000 small ones a second here;
-# a task has a handful): past this the ConfigMap is reported, not parsed on.
+# Work per ConfigMap, so that a hostile one costs the poller about a second
+# (measured here: libyaml and the walk ~4 s per MiB of dense YAML, 100,000
+# events ~0.5 s; Jinja ~70 KB of template text a second). A task file has a
+# few dozen nodes and a handful of short templates; past a limit the
+# ConfigMap is reported as not checkable instead of being parsed on.
+MAX_YAML_EVENTS = 100_000  # parser events (about one per node) in all its YAML
 MAX_TEMPLATES = 1000
+MAX_TEMPLATE_CHARS = 64 * 1024
 
 YAML_SUFFIXES = (".yaml", ".yml")
 PYTHON_SUFFIXES = (".py", ".pyc", ".pyw", ".pth", ".so")
@@ -153,7 +161,7 @@ def _scan_files(files: Mapping[str, bytes]) -> list[Finding]:
     # lm_eval indexes *.yaml; include: loads any file of the folder as YAML.
     pending = [key for key in files if key.endswith(YAML_SUFFIXES)]
     parsed: set[str] = set()
-    budget = _Budget(MAX_TEMPLATES)
+    budget = _Budget(MAX_YAML_EVENTS, MAX_TEMPLATES, MAX_TEMPLATE_CHARS)
     while pending:
         key = pending.pop()
         if key in parsed:
@@ -169,7 +177,11 @@ def _scan_files(files: Mapping[str, bytes]) -> list[Finding]:
 
 @dataclass
 class _Budget:
+    """What is left of the per-ConfigMap limits."""
+
+    events: int
     templates: int
+    template_chars: int
 
 
 # libyaml is ~8x faster than PyYAML's Python parser and refuses nesting deeper
@@ -180,6 +192,12 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def _scan_yaml(key: str, text: bytes, budget: _Budget) -> Iterator[Finding | str]:
     """Findings in one YAML file, and the names of sibling files it includes."""
     try:
+        # Counted on the event stream first: nodes are built only when few.
+        for _ in yaml.parse(text, Loader=_LOADER):
+            budget.events -= 1
+            if budget.events < 0:
+                yield Finding(key, f"more than {MAX_YAML_EVENTS} YAML events (not all checked)")
+                return
         documents = list(yaml.compose_all(text, Loader=_LOADER))
     except (yaml.YAMLError, RecursionError, UnicodeDecodeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -208,10 +226,12 @@ def _scan_yaml(key: str, text: bytes, budget: _Budget) -> Iterator[Finding | str
             if "{{" not in template and "{%" not in template:
                 continue
             line = node.start_mark.line + 1
-            if budget.templates <= 0:
-                yield Finding(key, f"more than {MAX_TEMPLATES} templates (not all checked)")
-                return
             budget.templates -= 1
+            budget.template_chars -= len(template)
+            if budget.templates < 0 or budget.template_chars < 0:
+                limits = f"{MAX_TEMPLATES} templates or {MAX_TEMPLATE_CHARS} characters"
+                yield Finding(key, f"templates beyond {limits} (not all checked)")
+                return
             reason = _template_reason(template)
             if reason is not None:
                 what = f"a template that reaches Python ({reason})"
@@ -231,10 +251,12 @@ def _scan_entry(key: str, name: str, value: yaml.Node) -> Iterator[Finding | str
     line = value.start_mark.line + 1
     if name == "include":
         for target in _scalars(value):
-            if "/" in target or target.startswith(".."):
+            # Keys hold no "/": a path with one (once "./" is gone) leaves the folder.
+            inside = posixpath.normpath(target)
+            if "/" in inside or inside in (".", ".."):
                 yield Finding(key, "include of a file outside this ConfigMap", _quote(target), line)
             else:
-                yield target
+                yield inside
     elif name == "class":
         yield Finding(key, "class: a Python task class", _quote(str(value.value)), line)
     elif name == "trust_remote_code" and _truthy(value):

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +50,13 @@ ANNOTATION_SOURCE_VERSION = f"{api.API_GROUP}/source-resource-version"
 ANNOTATION_DIGEST = f"{api.API_GROUP}/content-digest"
 # Findings quoted in a job's failure message (the rest are counted).
 MESSAGE_FINDINGS = 3
+# Scans remembered by ConfigMap UID and resourceVersion (which change with
+# every write): many jobs naming one big ConfigMap cost one scan (up to about
+# a second, see poller.taskcode's limits), not one each.
+SCAN_CACHE_ENTRIES = 256
+
+_scans: OrderedDict[tuple[str, str], tuple[taskcode.Finding, ...]] = OrderedDict()
+_scans_lock = threading.Lock()
 
 
 def content_digest(configmap: dict[str, Any]) -> str:
@@ -120,9 +129,7 @@ def prepare_custom_tasks(kube: Kube, job: JobView, settings: Settings) -> str | 
     code_allowed = bool(spec.allow_code_execution) and settings.allow_code_execution
     if not code_allowed:
         for source in sources:
-            findings = taskcode.scan_configmap(
-                source.obj.get("data") or {}, source.obj.get("binaryData") or {}
-            )
+            findings = _scan(source.obj)
             if findings:
                 return _code_refused(source, findings, spec, settings)
     for source in sources:
@@ -130,6 +137,22 @@ def prepare_custom_tasks(kube: Kube, job: JobView, settings: Settings) -> str | 
         if problem is not None:
             return problem
     return None
+
+
+def _scan(obj: dict[str, Any]) -> tuple[taskcode.Finding, ...]:
+    meta = obj.get("metadata") or {}
+    key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+    with _scans_lock:
+        if key in _scans:
+            _scans.move_to_end(key)
+            return _scans[key]
+    findings = tuple(taskcode.scan_configmap(obj.get("data") or {}, obj.get("binaryData") or {}))
+    if meta.get("uid") and meta.get("resourceVersion"):
+        with _scans_lock:
+            _scans[key] = findings
+            while len(_scans) > SCAN_CACHE_ENTRIES:
+                _scans.popitem(last=False)
+    return findings
 
 
 def _code_refused(

@@ -25,7 +25,14 @@ import pytest
 
 from poller import api, podspec, tasksnapshot
 from poller.model import JobView
-from poller.taskcode import MAX_CONFIGMAP_BYTES, MAX_FINDINGS, MAX_TEMPLATES, scan_configmap
+from poller.taskcode import (
+    MAX_CONFIGMAP_BYTES,
+    MAX_FINDINGS,
+    MAX_TEMPLATE_CHARS,
+    MAX_TEMPLATES,
+    MAX_YAML_EVENTS,
+    scan_configmap,
+)
 
 PLAIN_TASK = """\
 task: sample_arith_mc
@@ -131,7 +138,7 @@ def test_yaml_that_does_not_parse_is_a_finding() -> None:
 
 def test_includes_are_followed_inside_and_reported_outside() -> None:
     data = {
-        "task.yaml": "include: base.txt\ntask: t\n",
+        "task.yaml": "include: ./base.txt\ntask: t\n",
         "base.txt": "process_docs: !function utils.f\n",
         "notincluded.txt": "process_docs: !function utils.f\n",
         "escape.yaml": "include: [../other-tasks/x.yaml, /outputs/y.yaml]\n",
@@ -226,9 +233,15 @@ def test_sizes_are_bounded() -> None:
     assert finding.what.startswith("too large to check")
     many_tags = "".join(f"k{i}: !function u.f{i}\n" for i in range(100))
     assert len(scan_configmap({"t.yaml": many_tags}, {})) == MAX_FINDINGS
-    templates = "".join(f"k{i}: '{{{{v{i}}}}}'\n" for i in range(MAX_TEMPLATES + 5))
-    found = scan_configmap({"t.yaml": templates}, {})
-    assert [f.what for f in found] == [f"more than {MAX_TEMPLATES} templates (not all checked)"]
+    limits = f"{MAX_TEMPLATES} templates or {MAX_TEMPLATE_CHARS} characters"
+    many = "".join(f"k{i}: '{{{{v{i}}}}}'\n" for i in range(MAX_TEMPLATES + 5))
+    long = f"k: '{{{{ a{' ~ a' * (MAX_TEMPLATE_CHARS // 4)} }}}}'\n"
+    for text in (many, long):
+        found = scan_configmap({"t.yaml": text}, {})
+        assert [f.what for f in found] == [f"templates beyond {limits} (not all checked)"]
+    nodes = "a:\n" + "".join(f"  - [k{i}, {{a: b}}]\n" for i in range(MAX_YAML_EVENTS // 6))
+    found = scan_configmap({"t.yaml": nodes}, {})
+    assert [f.what for f in found] == [f"more than {MAX_YAML_EVENTS} YAML events (not all checked)"]
 
 
 # -- snapshots -------------------------------------------------------------------
@@ -311,3 +324,15 @@ def test_snapshot_manifest_is_an_immutable_owned_copy() -> None:
     changed = {**source, "data": {"task.yaml": PLAIN_TASK + "#"}}
     assert tasksnapshot.content_digest(changed) != tasksnapshot.content_digest(source)
     assert tasksnapshot.content_digest(manifest) == tasksnapshot.content_digest(source)
+
+
+def test_scans_are_remembered_by_uid_and_resource_version() -> None:
+    source = {
+        "metadata": {"name": "t", "uid": "cm-1", "resourceVersion": "5"},
+        "data": {"t.yaml": "x: !function u.f\n"},
+    }
+    first = tasksnapshot._scan(source)
+    assert [f.what for f in first] == ["YAML tag !function"]
+    assert tasksnapshot._scan(source) is first
+    edited = {**source, "metadata": {**source["metadata"], "resourceVersion": "6"}, "data": {}}
+    assert tasksnapshot._scan(edited) == ()
