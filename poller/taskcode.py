@@ -35,13 +35,17 @@ read with Jinja's own parser. A YAML file that does not parse is a finding
 too (what lm_eval would make of it cannot be checked).
 
 Templates are judged statically, which cannot be exact for an unsandboxed
-Jinja: a template is flagged when it names an attribute or key that is
+Jinja (a subscript whose key comes from the data is also an attribute
+lookup). A template is flagged when it names an attribute or key that is
 private (``_x``, ``__class__``) or on the list Jinja's own sandbox refuses
-(frames, generators, ``mro``, ``format``), looks an attribute up by a
-computed name (``attr``, ``map(attribute=...)``), subscripts with a computed
-key twice in one chain, calls what a computed subscript returned, or binds it
-with ``set``/``for``/``with``. Plain templates such as ``{{choices[answer]}}``
-pass.
+(frames, generators, ``mro``, ``format``); gives ``attr``, ``map`` and the
+like a computed or private name; uses Jinja's Python globals (``lipsum``,
+``cycler``, ``joiner``, ``namespace``, ``self``) or ``loop`` beyond its data
+and calls; subscripts with a computed key twice in one expression; calls what
+a computed subscript returned; or binds one with ``set``/``for``/``with``.
+Checked against lm_eval 0.4.13's own 13,986 task files, no template there is
+flagged, while ``{{ cycler.__init__.__globals__.os.popen(...) }}`` and its
+disguises (see the unit tests) are.
 """
 
 from __future__ import annotations
@@ -105,14 +109,23 @@ UNSAFE_ATTRIBUTES = frozenset(
         "func_code", "func_globals", "im_class", "im_func", "im_self",
     }
 )  # fmt: skip
-# Jinja's default globals are Python objects, not data: any lookup on them.
-JINJA_GLOBALS = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace", "self"})
-# Filters that look attributes up by a name given as an argument.
-ATTRIBUTE_FILTERS = frozenset(
-    {"attr", "map", "selectattr", "rejectattr", "groupby", "sort", "sum", "min", "max", "unique",
-     "join"}
+# Jinja's default globals that are Python functions or classes (their methods
+# lead to their module's globals): never needed by a task, refused outright.
+# range and dict are builtins without such a path.
+PYTHON_GLOBALS = frozenset({"lipsum", "cycler", "joiner", "namespace", "self", "caller"})
+# What a task may read from `loop` in a for loop, and the methods it may call.
+LOOP_ATTRIBUTES = frozenset(
+    {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0",
+     "previtem", "nextitem", "cycle", "changed"}
 )  # fmt: skip
-_ATTRIBUTE_FIRST_ARG = frozenset({"attr", "selectattr", "rejectattr", "groupby"})
+LOOP_METHODS = frozenset({"cycle", "changed"})
+# Filters that look an attribute up by a name given as an argument (or, for
+# map, select and reject, call a filter or test by name: map("attr", ...)):
+# those names must be literals, and not private.
+NAME_TAKING_FILTERS = frozenset(
+    {"attr", "map", "select", "reject", "selectattr", "rejectattr", "groupby", "sort", "sum",
+     "min", "max", "unique", "join"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -302,20 +315,36 @@ def _template_reason(text: str) -> str | None:
         # The job image's Jinja may be another version, and its stack deeper:
         # what cannot be parsed here cannot be vouched for.
         return "it does not parse here, so it cannot be checked"
+    # `loop` is a Python object whose methods (cycle, changed) reach their
+    # module's globals in one lookup: a task may read its data attributes and
+    # call those methods, nothing else (not index them, bind or pass them).
+    called = {id(call.node) for call in tree.find_all(jn.Call)}
+    allowed_loop = {
+        id(node.node)
+        for node in tree.find_all(jn.Getattr)
+        if _is_loop(node.node)
+        and node.attr in LOOP_ATTRIBUTES
+        and (node.attr not in LOOP_METHODS or id(node) in called)
+    }
     for node in tree.find_all(jn.Node):
+        if _is_loop(node) and id(node) not in allowed_loop:
+            return "a use of Jinja's loop other than its data or a call"
         reason = _node_reason(node)
         if reason is not None:
             return reason
     return None
 
 
+def _is_loop(node: jn.Node) -> bool:
+    return isinstance(node, jn.Name) and node.name == "loop"
+
+
 def _is_computed(node: jn.Node) -> bool:
     """A subscript whose key is not a literal (so maybe a name from the data)."""
-    return (
-        isinstance(node, jn.Getitem)
-        and not isinstance(node.arg, jn.Const)
-        and not isinstance(node.arg, jn.Slice)
-    )
+    if not isinstance(node, jn.Getitem):
+        return False
+    key = node.arg.node if isinstance(node.arg, jn.Neg | jn.Pos) else node.arg  # [-1]
+    return not isinstance(key, jn.Const | jn.Slice)
 
 
 def _contains_computed(node: jn.Node) -> bool:
@@ -323,6 +352,9 @@ def _contains_computed(node: jn.Node) -> bool:
 
 
 def _node_reason(node: jn.Node) -> str | None:
+    """Why one node of a template may reach Python, or None."""
+    if isinstance(node, jn.Name) and node.name in PYTHON_GLOBALS:
+        return f"Jinja's {node.name}"
     if isinstance(node, jn.Getattr) and _unsafe_name(node.attr):
         return f"attribute {node.attr}"
     if isinstance(node, jn.Getitem):
@@ -330,21 +362,13 @@ def _node_reason(node: jn.Node) -> str | None:
             return f"key {node.arg.value}"
         if _is_computed(node) and _contains_computed(node.node):
             return "two computed lookups in one chain"
-    if isinstance(node, jn.Getattr | jn.Getitem):
-        base = node.node
-        if isinstance(base, jn.Name) and base.name in JINJA_GLOBALS:
-            return f"a lookup on Jinja's {base.name}"
     if isinstance(node, jn.Call) and _is_computed(node.node):
         return "a call of what a computed lookup returned"
-    if isinstance(node, jn.Filter | jn.Test) and node.name in ATTRIBUTE_FILTERS:
-        arguments = [*node.args[:1]] if node.name in _ATTRIBUTE_FIRST_ARG else []
-        arguments += [kw.value for kw in node.kwargs if kw.key == "attribute"]
-        if node.name == "attr":
-            arguments = [*node.args]
-        for argument in arguments:
-            if not isinstance(argument, jn.Const) or _unsafe_path(argument.value):
-                return f"an attribute looked up by name ({node.name})"
-    if isinstance(node, jn.Assign | jn.For | jn.With | jn.AssignBlock):
+    if isinstance(node, jn.Filter | jn.Test) and node.name in NAME_TAKING_FILTERS:
+        names = [*node.args, *(kw.value for kw in node.kwargs if kw.key == "attribute")]
+        if any(not isinstance(n, jn.Const) or _unsafe_path(n.value) for n in names):
+            return f"a name given to {node.name} that is computed or private"
+    if isinstance(node, jn.Assign | jn.For | jn.With):
         bound = [node.node] if isinstance(node, jn.Assign) else []
         if isinstance(node, jn.For):
             bound = [node.iter]

@@ -169,6 +169,15 @@ def test_includes_are_followed_inside_and_reported_outside() -> None:
         "{{ question[a](1) }}",
         "{% set c = question[a] %}{{ c }}",
         "{% for c in question[a] %}{{ c }}{% endfor %}",
+        "{% for c in [question[a]] %}{{ c[b] }}{% endfor %}",
+        "{% set l = lipsum %}{{ l[k].os.popen(c).read() }}",
+        "{% for x in xs %}{{ loop.cycle[k].os.popen(c).read() }}{% endfor %}",
+        "{% for x in xs %}{{ [loop.cycle][0][k].os }}{% endfor %}",
+        "{% for x in xs %}{% set l = loop %}{{ l.cycle[k] }}{% endfor %}",
+        "{% for x in xs %}{{ loop[k] }}{% endfor %}",
+        "{{ xs|map(f, g)|list }}",
+        "{{ xs|map('attr', '__globals__')|list }}",
+        "{{ namespace(a=1) }}",
         "{{ question }",  # does not parse here: cannot be vouched for
     ],
 )
@@ -191,6 +200,12 @@ def test_templates_that_reach_python_are_found(template: str) -> None:
         "{{question.replace('_', answer)}}",
         "{{ input_sentence_1|join(' ')|replace('_', ' ') }}",
         "{{ ['no', 'yes'][label] }}",
+        "{% for c in choices %}{{ loop.index }}. {{ c }}{{ loop.cycle(',', '') }}{% endfor %}",
+        "{% for c in choices %}{% if loop.changed(c) %}{{ loop.previtem }}{% endif %}{% endfor %}",
+        "{{ choices|map('upper')|join(', ') }}",
+        "{{ choices|map(attribute='text')|list }}",
+        "{% set q = question.strip() %}{{ q }}",
+        "{% set _context = context.split('[SEP]')[-1] %}{{ _context | trim }}",
     ],
 )
 def test_ordinary_templates_pass(template: str) -> None:
