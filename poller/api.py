@@ -193,8 +193,10 @@ class CustomTasks(_Model):
     """Task YAML files and their data, from a ConfigMap, for offline clusters."""
 
     config_map: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
-        description="ConfigMap whose keys are task YAML and data files. Mounted at "
-        "/opt/lmeval/tasks/<name>; data_files paths in the YAML must be absolute under it."
+        description="ConfigMap whose keys are task YAML and data files. The pod mounts an "
+        "immutable copy owned by the job at /opt/lmeval/tasks/<name>; data_files paths in the "
+        "YAML must be absolute under it. Task files that name Python (!function, class, .py "
+        "files, templates reaching Python) need allowCodeExecution."
     )
 
 
@@ -288,8 +290,9 @@ class LMEvalJobSpec(_Model):
     )
     allow_code_execution: bool | None = Field(
         default=None,
-        description="Allow tasks that execute model-written code. Needs allow-code-execution "
-        "in the poller settings too.",
+        description="Allow code that is not in the image: tasks that execute model-written "
+        "code, and custom tasks that name Python. Needs allow-code-execution in the poller "
+        "settings too.",
     )
 
 

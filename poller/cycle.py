@@ -31,7 +31,7 @@ from typing import Any
 
 from driver.protocol import decode_text
 from poller import decide as decisions
-from poller import podspec, poison, results
+from poller import podspec, poison, results, tasksnapshot
 from poller.api import JobState
 from poller.identity import PodProof, load_or_create_key
 from poller.kube import ApiError, Conflict, Kube, NotFound, NotOwned
@@ -479,19 +479,10 @@ class Poller:
     ) -> str | None:
         """Create the job pod (stamped with its proof of origin); its UID, or None
         when the job could not get it (the job was failed, saying why)."""
-        missing = [
-            name
-            for name in _custom_task_configmaps(action.manifest)
-            if not self.kube.configmap_exists(job.namespace, name)
-        ]
-        if missing:
-            self._apply_failure(
-                job,
-                now,
-                report,
-                f"spec.customTasks: ConfigMap {', '.join(missing)} not found in namespace "
-                f"{job.namespace}",
-            )
+        # Custom tasks: checked for code and frozen into the job's snapshots.
+        problem = tasksnapshot.prepare_custom_tasks(self.kube, job, self.settings)
+        if problem is not None:
+            self._apply_failure(job, now, report, problem)
             return None
         manifest = self._pod_proof().stamp(action.manifest, job.uid, action.attempt)
         try:
@@ -617,11 +608,6 @@ def _with_outcome_of_actions(
     if not update:
         return action
     return replace(action, status=action.status.model_copy(update=update))
-
-
-def _custom_task_configmaps(manifest: dict[str, Any]) -> list[str]:
-    volumes = manifest.get("spec", {}).get("volumes") or []
-    return [v["configMap"]["name"] for v in volumes if "configMap" in v]
 
 
 def _api_message(error: ApiError) -> str:

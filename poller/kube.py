@@ -224,16 +224,10 @@ class Kube:
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data, or None when it does not exist."""
-        try:
-            raw = self._request(
-                "GET",
-                f"/api/v1/namespaces/{namespace}/configmaps/{name}",
-                verb="get",
-                resource="configmaps",
-            )
-        except NotFound:
+        obj = self.read_configmap(namespace, name)
+        if obj is None:
             return None
-        data: dict[str, str] = json.loads(raw).get("data") or {}
+        data: dict[str, str] = obj.get("data") or {}
         return data
 
     def namespace_annotations(self, namespace: str) -> dict[str, str]:
@@ -249,8 +243,19 @@ class Kube:
         ) or {}
         return annotations
 
-    def configmap_exists(self, namespace: str, name: str) -> bool:
-        return self.read_configmap_data(namespace, name) is not None
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A whole ConfigMap (metadata, data, binaryData, immutable), or None."""
+        try:
+            raw = self._request(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                verb="get",
+                resource="configmaps",
+            )
+        except NotFound:
+            return None
+        obj: dict[str, Any] = json.loads(raw)
+        return obj
 
     def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
         """A Secret's data, still base64-encoded (only the poller's own key is read)."""
@@ -337,6 +342,21 @@ class Kube:
             body=body,
             content_type="application/merge-patch+json",
         )
+
+    def create_configmap(self, manifest: dict[str, Any]) -> bool:
+        """Create a ConfigMap; False when one of that name already exists."""
+        namespace = manifest["metadata"]["namespace"]
+        try:
+            self._request(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/configmaps",
+                verb="create",
+                resource="configmaps",
+                body=manifest,
+            )
+        except Conflict:
+            return False
+        return True
 
     def apply_configmap(self, manifest: dict[str, Any], *, merge: bool = False) -> None:
         """Create a ConfigMap, or update it when it exists (a retried cycle).

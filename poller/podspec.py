@@ -11,7 +11,9 @@ by lm_eval's parser as another option.
 
 The pod name is derived from the job (name plus a short hash of its UID), so
 creating it twice is harmless: the second create meets AlreadyExists and the
-poller adopts the pod it already made.
+poller adopts the pod it already made. Custom-task ConfigMaps are mounted
+through the job's immutable snapshots (`task_snapshot_name`), which the
+poller makes before the pod.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "outputs_location",
     "pod_name",
     "resources_for",
+    "task_snapshot_name",
     "uid_range_start",
 ]
 
@@ -67,6 +70,8 @@ DRIVER_GRACE_SECONDS = 20
 RESERVED_ENV = frozenset({*OFFLINE_ENV, "HF_HOME", "LMEVAL_OUTPUT_ROOT", "PYTHONPATH", "HOME"})
 
 _NAME_LIMIT = 63
+# A ConfigMap's name is a DNS subdomain: at most 253 characters.
+_CONFIGMAP_NAME_LIMIT = 253
 # The container's own /tmp, an emptyDir (the root filesystem is read-only).
 POD_TMP = "/tmp"  # noqa: S108
 
@@ -80,6 +85,17 @@ def pod_name(job_name: str, job_uid: str) -> str:
     suffix = hashlib.sha256(job_uid.encode()).hexdigest()[:6]
     stem = job_name[: _NAME_LIMIT - len(suffix) - 1].rstrip("-.")
     return f"{stem}-{suffix}"
+
+
+def task_snapshot_name(job_name: str, job_uid: str, source: str) -> str:
+    """The immutable copy of custom-task ConfigMap `source` that a job's pod mounts.
+
+    Readable stem (job and source names, cut) plus 10 hex of a hash of the
+    job's UID and the source, so two jobs, or one job's sources, never share one.
+    """
+    suffix = hashlib.sha256(f"{job_uid}/{source}".encode()).hexdigest()[:10]
+    stem = f"{job_name}-{source}"[: _CONFIGMAP_NAME_LIMIT - len(suffix) - len("-tasks-")]
+    return f"{stem.rstrip('-.')}-tasks-{suffix}"
 
 
 def _label_value(text: str) -> str:
@@ -306,8 +322,12 @@ def build_pod(
         mounts.append({"name": f"secret-{index}", "mountPath": secret.mount_path, "readOnly": True})
 
     for source in spec.custom_tasks or []:
+        # The pod mounts the job's immutable snapshot of the ConfigMap (made by
+        # the poller just before the pod, see poller/tasksnapshot.py), at the
+        # path named after the source, where the task files point.
         volume_name = f"tasks-{hashlib.sha256(source.config_map.encode()).hexdigest()[:10]}"
-        volumes.append({"name": volume_name, "configMap": {"name": source.config_map}})
+        snapshot = task_snapshot_name(name, uid, source.config_map)
+        volumes.append({"name": volume_name, "configMap": {"name": snapshot}})
         mounts.append(
             {
                 "name": volume_name,
