@@ -1,0 +1,306 @@
+"""Spec rules the apiserver checks in CEL and pydantic checks again in Python.
+
+A pattern or a length carries over from a pydantic field to the CRD by
+itself; a rule about a whole list or map (the size of the argv token a list
+is joined into, a key the poller keeps for itself, a variable that would
+load code into the driver) does not. Each such rule is a `Cel` placed in the
+field's ``Annotated[...]``: it holds the CEL expression the CRD carries in
+``x-kubernetes-validations`` and the same rule in Python, side by side, with
+the same words. The apiserver refuses a job that breaks it with the field's
+path; the poller validates the spec again, so a job stored under an older
+schema ends Failed with the same message instead of a pod that never starts.
+
+The sizes are in bytes because the kernel counts bytes: ``execve`` refuses
+one argv or environment string over 128 KiB (MAX_ARG_STRLEN) with "Argument
+list too long", while the apiserver's ``maxLength`` counts characters (up to
+4 bytes each in UTF-8). CEL's ``size(bytes(s))`` is the byte count.
+
+This module is also the one list of environment variables a job may not set
+(`env_name_problem`): the schema refuses them, and ``podspec`` checks again
+before it builds a pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
+
+__all__ = [
+    "ALLOWED_PYTHON_ENV",
+    "ARGV_TOKEN_BYTES_MAX",
+    "CONTAINER_ENV_BYTES_MAX",
+    "CONTAINER_ENV_ITEMS_MAX",
+    "ENV_SECRETS_MAX",
+    "OFFLINE_ENV",
+    "RESERVED_ENV_NAMES",
+    "RESERVED_ENV_PREFIXES",
+    "RESERVED_KEY_PREFIX",
+    "SIDECAR_ARGV_BYTES_MAX",
+    "SIDECAR_ARGV_ITEMS_MAX",
+    "Cel",
+    "argv_list_rule",
+    "env_list_rule",
+    "env_name_problem",
+    "env_name_rule",
+    "joined_pairs_rule",
+    "joined_tasks_rule",
+    "pod_keys_rule",
+]
+
+VALIDATIONS = "x-kubernetes-validations"
+
+# -- sizes ----------------------------------------------------------------------
+# One lm_eval option built from a list (--model_args=..., --gen_kwargs=...,
+# --tasks=...): a quarter of MAX_ARG_STRLEN, so each token stays far below it.
+ARGV_TOKEN_BYTES_MAX = 32 * 1024
+# The evaluation container's spec.pod.env, counted as the kernel does
+# ("NAME=value" plus its NUL per variable), and the number of variables.
+CONTAINER_ENV_BYTES_MAX = 64 * 1024
+CONTAINER_ENV_ITEMS_MAX = 128
+# spec.envSecrets entries. Their values come from Secrets and are not known at
+# admission: only their names count here.
+ENV_SECRETS_MAX = 64
+# A sidecar's command and its args, each: the strings with their NULs, and
+# how many strings.
+SIDECAR_ARGV_BYTES_MAX = 32 * 1024
+SIDECAR_ARGV_ITEMS_MAX = 256
+
+# -- environment a job may not set ------------------------------------------------
+# What the poller sets to keep the evaluation offline.
+OFFLINE_ENV = (
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_EVALUATE_OFFLINE",
+)
+RESERVED_ENV_NAMES = frozenset(
+    {
+        # Set by the poller: the offline switch and the driver's paths.
+        *OFFLINE_ENV,
+        "HF_HOME",
+        "HOME",
+        # glibc's "unsecure" variables (sysdeps/generic/unsecure-envvars.h),
+        # the ones it drops for setuid programs because they load code or
+        # redirect files; LD_* is a prefix below.
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TMPDIR",
+        "TZDIR",
+    }
+)
+# LD_*: the dynamic loader (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT...). PYTHON*:
+# the interpreter that runs the driver (PYTHONPATH, PYTHONSTARTUP,
+# PYTHONWARNINGS and PYTHONBREAKPOINT import modules). LMEVAL_*: the driver's own.
+RESERVED_ENV_PREFIXES = ("LD_", "LMEVAL_", "PYTHON")
+# PYTHON* variables that load nothing and leave the driver's output alone.
+# Not PYTHONIOENCODING: it re-encodes the driver's stdout, which carries the
+# marker protocol (utf-16 would make every marker unreadable).
+ALLOWED_PYTHON_ENV = frozenset(
+    {"PYTHONHASHSEED", "PYTHONUTF8", "PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER"}
+)
+_ENV_REASON = (
+    "the poller sets it, or it changes what code the driver and lm_eval load "
+    "(LD_*, LMEVAL_*, PYTHON* other than " + ", ".join(sorted(ALLOWED_PYTHON_ENV)) + ", "
+    "and glibc's unsecure variables such as GCONV_PATH and TMPDIR)"
+)
+
+# -- pod labels and annotations the poller keeps for itself ----------------------
+RESERVED_KEY_PREFIX = "foundation-model-stack.github.com/"
+_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+@dataclass(frozen=True)
+class Cel:
+    """A rule checked by the apiserver (`rule`, `message`: CEL with ``self``
+    the field's value) and by pydantic (`problem`: the same rule in Python,
+    returning the message, or None when the value is fine)."""
+
+    rule: str
+    message: str
+    problem: Callable[[Any], str | None]
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def check(value: Any) -> Any:
+            if (text := self.problem(value)) is not None:
+                raise ValueError(text)
+            return value
+
+        return core_schema.no_info_after_validator_function(check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema.setdefault(VALIDATIONS, []).append(
+            {"rule": self.rule, "messageExpression": self.message}
+        )
+        return json_schema
+
+
+def _literal(text: str) -> str:
+    """`text` as a CEL string literal (our texts need no escapes: refuse any)."""
+    if '"' in text or "\\" in text:
+        raise ValueError(f"not a plain CEL literal: {text!r}")
+    return f'"{text}"'
+
+
+def _list(names: Iterable[str]) -> str:
+    return "[" + ", ".join(_literal(n) for n in sorted(names)) + "]"
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode())
+
+
+# -- rules --------------------------------------------------------------------------
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why a job may not set variable `name` in its evaluation container, or None."""
+    if name in ALLOWED_PYTHON_ENV:
+        return None
+    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        return f"{name} cannot be set by a job: {_ENV_REASON}"
+    return None
+
+
+def env_name_rule() -> Cel:
+    prefixes = " || ".join(f"self.startsWith({_literal(p)})" for p in RESERVED_ENV_PREFIXES)
+    return Cel(
+        rule=f"self in {_list(ALLOWED_PYTHON_ENV)} || "
+        f"!(self in {_list(RESERVED_ENV_NAMES)} || {prefixes})",
+        message=f"self + {_literal(' cannot be set by a job: ' + _ENV_REASON)}",
+        problem=env_name_problem,
+    )
+
+
+def _size_rule(cel_size: str, size: Callable[[Any], int], limit: int, head: str, tail: str) -> Cel:
+    """`size` (CEL `cel_size`) at most `limit`; the message is head + size + tail."""
+
+    def problem(value: Any) -> str | None:
+        measured = size(value)
+        return f"{head}{measured}{tail}" if measured > limit else None
+
+    return Cel(
+        rule=f"{cel_size} <= {limit}",
+        message=f"{_literal(head)} + string({cel_size}) + {_literal(tail)}",
+        problem=problem,
+    )
+
+
+def _joined_rule(flag: str, cel_size: str, size: Callable[[Any], int]) -> Cel:
+    return _size_rule(
+        cel_size,
+        size,
+        ARGV_TOKEN_BYTES_MAX,
+        f"joined into lm_eval's --{flag}= option, these take ",
+        f" bytes; at most {ARGV_TOKEN_BYTES_MAX}",
+    )
+
+
+def joined_pairs_rule(flag: str) -> Cel:
+    """A list of {name, value} joined into one ``--flag=n=v,n=v`` token."""
+    return _joined_rule(
+        flag,
+        "(self.map(p, size(bytes(p.name)) + size(bytes(p.value)) + 2).sum() - 1)",
+        lambda pairs: sum(_utf8(p.name) + _utf8(p.value) + 2 for p in pairs) - 1,
+    )
+
+
+def joined_tasks_rule() -> Cel:
+    """The task names, joined into one ``--tasks=a,b`` token."""
+    return _joined_rule(
+        "tasks",
+        "(self.map(t, size(bytes(t)) + 1).sum() - 1)",
+        lambda tasks: sum(_utf8(t) + 1 for t in tasks) - 1,
+    )
+
+
+def env_list_rule() -> Cel:
+    """Environment variables, each ``NAME=value`` plus the NUL ``execve`` counts."""
+    return _size_rule(
+        "self.map(e, size(bytes(e.name)) + (has(e.value) ? size(bytes(e.value)) : 0) + 2).sum()",
+        lambda env: sum(_utf8(e.name) + _utf8(e.value) + 2 for e in env),
+        CONTAINER_ENV_BYTES_MAX,
+        "the variables take ",
+        f" bytes (NAME=value and a NUL each); at most {CONTAINER_ENV_BYTES_MAX}",
+    )
+
+
+def argv_list_rule() -> Cel:
+    """A sidecar's command or args: each string plus its NUL."""
+    return _size_rule(
+        "self.map(s, size(bytes(s)) + 1).sum()",
+        lambda strings: sum(_utf8(s) + 1 for s in strings),
+        SIDECAR_ARGV_BYTES_MAX,
+        "the strings take ",
+        f" bytes (a NUL each); at most {SIDECAR_ARGV_BYTES_MAX}",
+    )
+
+
+_OWNED = " is set by the poller on the job pod; a job may not set it"
+_SECURITY = ": seccomp and AppArmor annotations are not allowed"
+
+
+def _owned_by_poller(key: str) -> bool:
+    head, slash, _ = key.partition("/")
+    prefix = head + slash
+    return (
+        key == _MANAGED_BY
+        or prefix == RESERVED_KEY_PREFIX
+        or prefix.endswith("." + RESERVED_KEY_PREFIX)
+    )
+
+
+def _sets_security_profile(key: str) -> bool:
+    # Every form: seccomp.security.alpha.kubernetes.io/pod, the per-container
+    # container.seccomp... and container.apparmor..., runtime-specific ones.
+    lowered = key.lower()
+    return "seccomp" in lowered or "apparmor" in lowered
+
+
+def pod_keys_rule(*, annotations: bool) -> Cel:
+    """Keys of spec.labels or spec.annotations: none the poller sets itself, and
+    (annotations) none that sets a seccomp or AppArmor profile, in any form."""
+
+    def problem(mapping: Mapping[str, str]) -> str | None:
+        owned = [k + _OWNED for k in mapping if _owned_by_poller(k)]
+        secured = [
+            k + _SECURITY
+            for k in mapping
+            if annotations and not _owned_by_poller(k) and _sets_security_profile(k)
+        ]
+        return "; ".join(owned + secured) or None
+
+    poller = (
+        f"k == {_literal(_MANAGED_BY)} || k.startsWith({_literal(RESERVED_KEY_PREFIX)}) || "
+        f"k.contains({_literal('.' + RESERVED_KEY_PREFIX)})"
+    )
+    owned = f"self.filter(k, {poller}).map(k, k + {_literal(_OWNED)})"
+    if not annotations:
+        return Cel(
+            rule=f"!self.exists(k, {poller})", message=f"{owned}.join('; ')", problem=problem
+        )
+    security = "k.lowerAscii().contains('seccomp') || k.lowerAscii().contains('apparmor')"
+    secured = f"self.filter(k, !({poller}) && ({security})).map(k, k + {_literal(_SECURITY)})"
+    return Cel(
+        rule=f"!self.exists(k, {poller} || {security})",
+        message=f"({owned} + {secured}).join('; ')",
+        problem=problem,
+    )
