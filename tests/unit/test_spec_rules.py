@@ -20,12 +20,14 @@ tests/cluster/test_schema_limits.py).
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from poller import api, crd, podspec, specrules
+from poller import api, crd, decide, podspec, specrules
+from poller.model import CreatePod, JobView, PatchStatus, format_time
 from poller.settings import Settings
 
 KIB = 1024
@@ -243,6 +245,49 @@ def test_ordinary_labels_and_annotations_are_admitted() -> None:
     spec = _validate(labels=keys, annotations=keys)
     assert spec.labels == keys and spec.annotations == keys
     _refused("labels", labels={"bad key": "x"})
+
+
+# -- a job stored under an older schema ----------------------------------------------------
+
+STALE = [
+    ({"limit": "0.0"}, "spec.limit:"),
+    ({"modelArgs": [{"name": "a", "value": "x\x00"}]}, "spec.modelArgs.0.value:"),
+    ({"modelArgs": _pairs(40, 4096)}, "spec.modelArgs: Value error, joined into lm_eval's"),
+    (
+        {"pod": {"env": [{"name": "LD_PRELOAD", "value": "/opt/lmeval/tasks/t/x.so"}]}},
+        "spec.pod.env.0.name: Value error, LD_PRELOAD cannot be set by a job",
+    ),
+    (
+        {"annotations": {"container.seccomp.security.alpha.kubernetes.io/lmeval": "unconfined"}},
+        "spec.annotations: Value error, container.seccomp.security.alpha",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "words"), STALE, ids=[w.split(":")[0] for _, w in STALE])
+def test_a_job_stored_under_an_older_schema_ends_failed_naming_the_field(
+    spec: dict[str, Any], words: str
+) -> None:
+    now = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    stored = JobView.from_object(
+        {
+            "metadata": {
+                "namespace": "ns",
+                "name": "stale",
+                "uid": "uid-1",
+                "generation": 1,
+                "resourceVersion": "1",
+                "creationTimestamp": format_time(now),
+            },
+            "spec": {"model": "dummy", "tasks": ["toy"], **spec},
+            "status": {},
+        }
+    )
+    decision = decide.decide(stored, None, Settings(), now)
+    assert not any(isinstance(a, CreatePod) for a in decision.actions)
+    (patch,) = (a for a in decision.actions if isinstance(a, PatchStatus))
+    assert patch.status.reason == api.JobReason.FAILED
+    assert words in (patch.status.message or ""), patch.status.message
 
 
 # -- the same rules reach the CRD ------------------------------------------------------------
