@@ -180,7 +180,7 @@ class EvaluationEnvVar(EnvVar):
 
 # A container's variables: bounded in number and in bytes, as execve counts.
 SidecarEnv = Annotated[
-    list[EnvVar], Field(max_length=rules.CONTAINER_ENV_ITEMS_MAX), rules.env_list_rule()
+    list[EnvVar], Field(max_length=rules.SIDECAR_ENV_ITEMS_MAX), rules.env_list_rule()
 ]
 EvaluationEnv = Annotated[
     list[EvaluationEnvVar], Field(max_length=rules.CONTAINER_ENV_ITEMS_MAX), rules.env_list_rule()
@@ -343,17 +343,16 @@ class LMEvalJobSpec(_Model):
         )
     )
     outputs: Outputs | None = Field(default=None, description="Where full outputs go.")
-    labels: Annotated[dict[LabelKey, LabelValue], rules.pod_keys_rule(annotations=False)] | None = (
-        Field(
-            default=None,
-            description="Labels added to the job pod; not app.kubernetes.io/managed-by nor "
-            f"{rules.RESERVED_KEY_PREFIX}*, which the poller sets.",
-        )
+    labels: Annotated[dict[LabelKey, LabelValue], rules.poller_keys_rule()] | None = Field(
+        default=None,
+        description="Labels added to the job pod; not app.kubernetes.io/managed-by nor "
+        f"{rules.RESERVED_KEY_PREFIX}*, which the poller sets.",
     )
     annotations: (
         Annotated[
             dict[LabelKey, Annotated[str, Field(pattern=TEXT)]],
-            rules.pod_keys_rule(annotations=True),
+            rules.poller_keys_rule(),
+            rules.security_annotations_rule(),
         ]
         | None
     ) = Field(

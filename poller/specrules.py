@@ -42,6 +42,7 @@ __all__ = [
     "RESERVED_KEY_PREFIX",
     "SIDECAR_ARGV_BYTES_MAX",
     "SIDECAR_ARGV_ITEMS_MAX",
+    "SIDECAR_ENV_ITEMS_MAX",
     "Cel",
     "argv_list_rule",
     "env_list_rule",
@@ -49,7 +50,8 @@ __all__ = [
     "env_name_rule",
     "joined_pairs_rule",
     "joined_tasks_rule",
-    "pod_keys_rule",
+    "poller_keys_rule",
+    "security_annotations_rule",
 ]
 
 VALIDATIONS = "x-kubernetes-validations"
@@ -65,6 +67,10 @@ CONTAINER_ENV_ITEMS_MAX = 128
 # spec.envSecrets entries. Their values come from Secrets and are not known at
 # admission: only their names count here.
 ENV_SECRETS_MAX = 64
+# A sidecar's variables: fewer than the evaluation's, because the CEL cost
+# estimate of the byte count (8 sidecars x items x 32768-character values)
+# must fit the apiserver's budget: 128 exceeded it 1.35 times.
+SIDECAR_ENV_ITEMS_MAX = 64
 # A sidecar's command and its args, each: the strings with their NULs, and
 # how many strings.
 SIDECAR_ARGV_BYTES_MAX = 32 * 1024
@@ -125,13 +131,22 @@ _MANAGED_BY = "app.kubernetes.io/managed-by"
 
 @dataclass(frozen=True)
 class Cel:
-    """A rule checked by the apiserver (`rule`, `message`: CEL with ``self``
-    the field's value) and by pydantic (`problem`: the same rule in Python,
-    returning the message, or None when the value is fine)."""
+    """A rule checked by the apiserver (`rule`: CEL with ``self`` the field's
+    value) and by pydantic (`problem`: the same rule in Python, returning the
+    message, or None when the value is fine).
+
+    The apiserver says `message`, or evaluates `message_expression` (CEL)
+    when given. Its cost estimator refuses any messageExpression that builds
+    a string of unbounded size: concatenating ``string(n)``, a map's key or
+    ``join()`` all count as unbounded. So sizes and keys get a fixed
+    `message`, and `problem` says the same words, then the measured size or
+    the offending keys.
+    """
 
     rule: str
     message: str
     problem: Callable[[Any], str | None]
+    message_expression: str | None = None
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -147,9 +162,10 @@ class Cel:
         self, schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
         json_schema = handler(schema)
-        json_schema.setdefault(VALIDATIONS, []).append(
-            {"rule": self.rule, "messageExpression": self.message}
-        )
+        validation = {"rule": self.rule, "message": self.message}
+        if self.message_expression is not None:
+            validation["messageExpression"] = self.message_expression
+        json_schema.setdefault(VALIDATIONS, []).append(validation)
         return json_schema
 
 
@@ -185,23 +201,21 @@ def env_name_rule() -> Cel:
     return Cel(
         rule=f"self in {_list(ALLOWED_PYTHON_ENV)} || "
         f"!(self in {_list(RESERVED_ENV_NAMES)} || {prefixes})",
-        message=f"self + {_literal(' cannot be set by a job: ' + _ENV_REASON)}",
+        message=f"this variable cannot be set by a job: {_ENV_REASON}",
+        # `self` is at most 128 characters: a bounded message.
+        message_expression=f"self + {_literal(' cannot be set by a job: ' + _ENV_REASON)}",
         problem=env_name_problem,
     )
 
 
-def _size_rule(cel_size: str, size: Callable[[Any], int], limit: int, head: str, tail: str) -> Cel:
-    """`size` (CEL `cel_size`) at most `limit`; the message is head + size + tail."""
+def _size_rule(cel_size: str, size: Callable[[Any], int], limit: int, message: str) -> Cel:
+    """`size` (CEL `cel_size`) at most `limit` bytes."""
 
     def problem(value: Any) -> str | None:
         measured = size(value)
-        return f"{head}{measured}{tail}" if measured > limit else None
+        return f"{message}; these take {measured}" if measured > limit else None
 
-    return Cel(
-        rule=f"{cel_size} <= {limit}",
-        message=f"{_literal(head)} + string({cel_size}) + {_literal(tail)}",
-        problem=problem,
-    )
+    return Cel(rule=f"{cel_size} <= {limit}", message=message, problem=problem)
 
 
 def _joined_rule(flag: str, cel_size: str, size: Callable[[Any], int]) -> Cel:
@@ -209,8 +223,8 @@ def _joined_rule(flag: str, cel_size: str, size: Callable[[Any], int]) -> Cel:
         cel_size,
         size,
         ARGV_TOKEN_BYTES_MAX,
-        f"joined into lm_eval's --{flag}= option, these take ",
-        f" bytes; at most {ARGV_TOKEN_BYTES_MAX}",
+        f"joined into lm_eval's --{flag}= option, these may take at most "
+        f"{ARGV_TOKEN_BYTES_MAX} bytes (UTF-8)",
     )
 
 
@@ -218,7 +232,7 @@ def joined_pairs_rule(flag: str) -> Cel:
     """A list of {name, value} joined into one ``--flag=n=v,n=v`` token."""
     return _joined_rule(
         flag,
-        "(self.map(p, size(bytes(p.name)) + size(bytes(p.value)) + 2).sum() - 1)",
+        "self.map(p, size(bytes(p.name)) + size(bytes(p.value)) + 2).sum() - 1",
         lambda pairs: sum(_utf8(p.name) + _utf8(p.value) + 2 for p in pairs) - 1,
     )
 
@@ -227,7 +241,7 @@ def joined_tasks_rule() -> Cel:
     """The task names, joined into one ``--tasks=a,b`` token."""
     return _joined_rule(
         "tasks",
-        "(self.map(t, size(bytes(t)) + 1).sum() - 1)",
+        "self.map(t, size(bytes(t)) + 1).sum() - 1",
         lambda tasks: sum(_utf8(t) + 1 for t in tasks) - 1,
     )
 
@@ -238,8 +252,8 @@ def env_list_rule() -> Cel:
         "self.map(e, size(bytes(e.name)) + (has(e.value) ? size(bytes(e.value)) : 0) + 2).sum()",
         lambda env: sum(_utf8(e.name) + _utf8(e.value) + 2 for e in env),
         CONTAINER_ENV_BYTES_MAX,
-        "the variables take ",
-        f" bytes (NAME=value and a NUL each); at most {CONTAINER_ENV_BYTES_MAX}",
+        f"the variables may take at most {CONTAINER_ENV_BYTES_MAX} bytes "
+        "(UTF-8, NAME=value and a NUL each)",
     )
 
 
@@ -249,13 +263,15 @@ def argv_list_rule() -> Cel:
         "self.map(s, size(bytes(s)) + 1).sum()",
         lambda strings: sum(_utf8(s) + 1 for s in strings),
         SIDECAR_ARGV_BYTES_MAX,
-        "the strings take ",
-        f" bytes (a NUL each); at most {SIDECAR_ARGV_BYTES_MAX}",
+        f"the strings may take at most {SIDECAR_ARGV_BYTES_MAX} bytes (UTF-8, a NUL each)",
     )
 
 
-_OWNED = " is set by the poller on the job pod; a job may not set it"
-_SECURITY = ": seccomp and AppArmor annotations are not allowed"
+_OWNED = (
+    f"{_MANAGED_BY} and keys under {RESERVED_KEY_PREFIX} (or a subdomain of it) are set by the "
+    "poller on the job pod; a job may not set them"
+)
+_SECURITY = "annotations that set a seccomp or AppArmor profile are not allowed"
 
 
 def _owned_by_poller(key: str) -> bool:
@@ -275,32 +291,28 @@ def _sets_security_profile(key: str) -> bool:
     return "seccomp" in lowered or "apparmor" in lowered
 
 
-def pod_keys_rule(*, annotations: bool) -> Cel:
-    """Keys of spec.labels or spec.annotations: none the poller sets itself, and
-    (annotations) none that sets a seccomp or AppArmor profile, in any form."""
-
+def _keys_rule(cel: str, test: Callable[[str], bool], message: str) -> Cel:
     def problem(mapping: Mapping[str, str]) -> str | None:
-        owned = [k + _OWNED for k in mapping if _owned_by_poller(k)]
-        secured = [
-            k + _SECURITY
-            for k in mapping
-            if annotations and not _owned_by_poller(k) and _sets_security_profile(k)
-        ]
-        return "; ".join(owned + secured) or None
+        keys = [k for k in mapping if test(k)]
+        return f"{message}: {', '.join(keys)}" if keys else None
 
-    poller = (
+    return Cel(rule=f"!self.exists(k, {cel})", message=message, problem=problem)
+
+
+def poller_keys_rule() -> Cel:
+    """Keys of spec.labels or spec.annotations: none the poller sets itself."""
+    return _keys_rule(
         f"k == {_literal(_MANAGED_BY)} || k.startsWith({_literal(RESERVED_KEY_PREFIX)}) || "
-        f"k.contains({_literal('.' + RESERVED_KEY_PREFIX)})"
+        f"k.contains({_literal('.' + RESERVED_KEY_PREFIX)})",
+        _owned_by_poller,
+        _OWNED,
     )
-    owned = f"self.filter(k, {poller}).map(k, k + {_literal(_OWNED)})"
-    if not annotations:
-        return Cel(
-            rule=f"!self.exists(k, {poller})", message=f"{owned}.join('; ')", problem=problem
-        )
-    security = "k.lowerAscii().contains('seccomp') || k.lowerAscii().contains('apparmor')"
-    secured = f"self.filter(k, !({poller}) && ({security})).map(k, k + {_literal(_SECURITY)})"
-    return Cel(
-        rule=f"!self.exists(k, {poller} || {security})",
-        message=f"({owned} + {secured}).join('; ')",
-        problem=problem,
+
+
+def security_annotations_rule() -> Cel:
+    """Keys of spec.annotations: none that sets a seccomp or AppArmor profile."""
+    return _keys_rule(
+        "k.lowerAscii().contains('seccomp') || k.lowerAscii().contains('apparmor')",
+        _sets_security_profile,
+        _SECURITY,
     )
