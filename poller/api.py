@@ -70,7 +70,11 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DATA_KEY = r"^[-._a-zA-Z0-9]+$"
-ABS_PATH = r"^/[A-Za-z0-9_./-]*$"
+# An absolute path in normal form: no empty, "." or ".." segment, no trailing
+# "/", so that the reserved-path rule cannot be walked around ("/usr/../usr").
+MOUNT_PATH = (
+    r"^(/([A-Za-z0-9_-][A-Za-z0-9_.-]*|[.][A-Za-z0-9_-][A-Za-z0-9_.-]*|[.][.][A-Za-z0-9_.-]+))+$"
+)
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei|e[0-9]+)?$"
 RESOURCE_NAME = r"^([a-z0-9.-]+/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
 # Label and annotation keys: an optional DNS-subdomain prefix, then a name of
@@ -138,8 +142,12 @@ class FileSecret(_Model):
     """A Secret mounted read-only as files in the evaluation container."""
 
     secret_ref: SecretVolumeRef = Field(description="The Secret to mount.")
-    mount_path: Annotated[str, Field(pattern=ABS_PATH, max_length=1024)] = Field(
-        description="Absolute path of the mount."
+    mount_path: Annotated[
+        str, Field(pattern=MOUNT_PATH, max_length=1024), rules.mount_path_rule()
+    ] = Field(
+        description="Absolute path of the mount; not over code or the poller's own mounts "
+        "(/usr, /lib*, /bin, /sbin, /opt, /tmp, /outputs, /cache, /proc, /sys, /dev, / and "
+        "/etc themselves, /etc/ld.so*, /etc/python*)."
     )
 
 
@@ -322,8 +330,8 @@ class LMEvalJobSpec(_Model):
         default=None,
         description="Environment variables from Secrets (the names follow spec.pod.env's rules).",
     )
-    file_secrets: list[FileSecret] | None = Field(
-        default=None, description="Secrets mounted as files."
+    file_secrets: Annotated[list[FileSecret], Field(max_length=rules.FILE_SECRETS_MAX)] | None = (
+        Field(default=None, description="Secrets mounted as files.")
     )
     custom_tasks: Annotated[list[CustomTasks], Field(max_length=16)] | None = Field(
         default=None,

@@ -36,10 +36,14 @@ __all__ = [
     "CONTAINER_ENV_BYTES_MAX",
     "CONTAINER_ENV_ITEMS_MAX",
     "ENV_SECRETS_MAX",
+    "FILE_SECRETS_MAX",
     "OFFLINE_ENV",
     "RESERVED_ENV_NAMES",
     "RESERVED_ENV_PREFIXES",
     "RESERVED_KEY_PREFIX",
+    "RESERVED_MOUNT_PATHS",
+    "RESERVED_MOUNT_PREFIXES",
+    "RESERVED_MOUNT_ROOTS",
     "SIDECAR_ARGV_BYTES_MAX",
     "SIDECAR_ARGV_ITEMS_MAX",
     "SIDECAR_ENV_ITEMS_MAX",
@@ -50,6 +54,8 @@ __all__ = [
     "env_name_rule",
     "joined_pairs_rule",
     "joined_tasks_rule",
+    "mount_path_problem",
+    "mount_path_rule",
     "poller_keys_rule",
     "security_annotations_rule",
 ]
@@ -67,6 +73,10 @@ CONTAINER_ENV_ITEMS_MAX = 128
 # spec.envSecrets entries. Their values come from Secrets and are not known at
 # admission: only their names count here.
 ENV_SECRETS_MAX = 64
+# spec.fileSecrets entries (a bound the CEL cost estimate of the mount-path
+# rule needs; the admission policy checks at most 8 distinct Secrets anyway,
+# unless the requester may read them all).
+FILE_SECRETS_MAX = 32
 # A sidecar's variables: fewer than the evaluation's, because the CEL cost
 # estimate of the byte count (8 sidecars x items x 32768-character values)
 # must fit the apiserver's budget: 128 exceeded it 1.35 times.
@@ -122,6 +132,40 @@ _ENV_REASON = (
     "the poller sets it, or it changes what code the driver and lm_eval load "
     "(LD_*, LMEVAL_*, PYTHON* other than " + ", ".join(sorted(ALLOWED_PYTHON_ENV)) + ", "
     "and glibc's unsecure variables such as GCONV_PATH and TMPDIR)"
+)
+
+# -- where a fileSecret may not be mounted -------------------------------------------
+# A Secret mounted over a directory replaces it: over the interpreter's or the
+# driver's code, or glibc's preload list, it loads the Secret's files into the
+# driver as surely as LD_PRELOAD. Refused: these directories and everything
+# under them (code, the kernel's, the poller's own mounts: /tmp, /outputs,
+# /cache/huggingface, /opt/lmeval-driver, /opt/lmeval/tasks)...
+RESERVED_MOUNT_ROOTS = (
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr",
+    "/opt",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/tmp",  # noqa: S108 (a path refused, not a file made)
+    "/outputs",
+    "/cache",
+)
+# ... "/" and "/etc" themselves (a mount there hides /etc/ld.so.preload's
+# absence), and these prefixes of /etc (ld.so.preload and ld.so.conf*, and
+# Debian's /etc/python3.X/sitecustomize.py, imported at every start).
+# /etc/ssl/certs and the like stay allowed: a CA bundle is a common fileSecret.
+RESERVED_MOUNT_PATHS = ("/", "/etc")
+RESERVED_MOUNT_PREFIXES = ("/etc/ld.so", "/etc/python")
+_MOUNT_REASON = (
+    "a Secret mounted there would replace code the driver or lm_eval loads, or a path the "
+    "poller mounts (not " + ", ".join(RESERVED_MOUNT_ROOTS) + " nor under them, not / or /etc, "
+    "not /etc/ld.so* or /etc/python*)"
 )
 
 # -- pod labels and annotations the poller keeps for itself ----------------------
@@ -205,6 +249,32 @@ def env_name_rule() -> Cel:
         # `self` is at most 128 characters: a bounded message.
         message_expression=f"self + {_literal(' cannot be set by a job: ' + _ENV_REASON)}",
         problem=env_name_problem,
+    )
+
+
+def mount_path_problem(path: str) -> str | None:
+    """Why a fileSecret may not be mounted at `path` (normalised, absolute), or None."""
+    if (
+        path in RESERVED_MOUNT_PATHS
+        or any(path == root or path.startswith(root + "/") for root in RESERVED_MOUNT_ROOTS)
+        or path.startswith(RESERVED_MOUNT_PREFIXES)
+    ):
+        return f"{path}: {_MOUNT_REASON}"
+    return None
+
+
+def mount_path_rule() -> Cel:
+    # Spelled out rather than a list.exists(): cheaper in the cost estimate.
+    tests = [f"self == {_literal(path)}" for path in RESERVED_MOUNT_PATHS]
+    for root in RESERVED_MOUNT_ROOTS:
+        tests += [f"self == {_literal(root)}", f"self.startsWith({_literal(root + '/')})"]
+    tests += [f"self.startsWith({_literal(p)})" for p in RESERVED_MOUNT_PREFIXES]
+    return Cel(
+        rule=f"!({' || '.join(tests)})",
+        message=f"this path is reserved: {_MOUNT_REASON}",
+        # `self` is at most 1024 characters: a bounded message.
+        message_expression=f"self + {_literal(': ' + _MOUNT_REASON)}",
+        problem=mount_path_problem,
     )
 
 

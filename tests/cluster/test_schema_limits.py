@@ -6,11 +6,12 @@ reaches a process or the container runtime (the pod never started and the
 status said only Pending), one argv token of 160 KiB ("Argument list too
 long", naming no field), ``LD_PRELOAD`` loaded into the driver, label and
 annotation keys the poller stamps itself, and per-container seccomp
-annotations. Checks: the apiserver refuses each with 422 and a message that
-names the field (the patterns and the CEL rules generated from
-``poller/api.py`` and ``poller/specrules.py``); the nearest legitimate value
-is admitted; and the CRD's CEL rules fit the apiserver's cost budget (it
-accepted the CRD at all).
+annotations; and a fileSecret mounted over code (site-packages, the driver),
+which loads into the driver as surely as LD_PRELOAD. Checks: the apiserver
+refuses each with 422 and a message that names the field (the patterns and
+the CEL rules generated from ``poller/api.py`` and ``poller/specrules.py``);
+the nearest legitimate value is admitted; and the CRD's CEL rules fit the
+apiserver's cost budget (it accepted the CRD at all).
 """
 
 from __future__ import annotations
@@ -135,6 +136,23 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.envSecrets[0].env", "LMEVAL_RUN_ID cannot be set"],
     ),
     (
+        "a Secret over site-packages",
+        {
+            "fileSecrets": [
+                {
+                    "secretRef": {"secretName": "s"},
+                    "mountPath": "/usr/local/lib/python3.11/site-packages",
+                }
+            ]
+        },
+        ["spec.fileSecrets[0].mountPath", "a Secret mounted there would replace code"],
+    ),
+    (
+        "a Secret over the driver, walked around",
+        {"fileSecrets": [{"secretRef": {"secretName": "s"}, "mountPath": "/x/../opt"}]},
+        ["spec.fileSecrets[0].mountPath"],
+    ),
+    (
         "managed-by label",
         {"labels": {"app.kubernetes.io/managed-by": "me"}},
         ["spec.labels", "are set by the poller on the job pod; a job may not set them"],
@@ -179,6 +197,10 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
     ("30 KiB model_args", {"modelArgs": _pairs(8, 3836)}),
     ("exactly 32768 bytes of model_args", {"modelArgs": _pairs(9, 3637)}),
     ("200 tasks", {"tasks": [f"task_{i}" for i in range(200)]}),
+    (
+        "a CA bundle in /etc/ssl/certs",
+        {"fileSecrets": [{"secretRef": {"secretName": "ca"}, "mountPath": "/etc/ssl/certs"}]},
+    ),
     (
         "PYTHONHASHSEED and a token from a Secret",
         {

@@ -8,7 +8,8 @@ free-form string that reaches a process or the container runtime, while tab
 and newlines stay allowed where text may span lines; the joined
 ``--model_args``, ``--gen_kwargs`` and ``--tasks`` tokens, the evaluation
 container's environment and a sidecar's command and args are bounded in
-bytes (UTF-8 counted as the kernel counts it); loader and interpreter
+bytes (UTF-8 counted as the kernel counts it); a fileSecret may not be
+mounted over code or the poller's own mounts; loader and interpreter
 variables (``LD_*``, glibc's unsecure list, ``PYTHON*`` but a few,
 ``LMEVAL_*``) and the poller's own are refused in ``spec.pod.env`` and
 ``spec.envSecrets``, and every variable the poller sets is on that list;
@@ -158,6 +159,11 @@ def test_the_evaluation_environment_is_bounded() -> None:
         for i in range(specrules.ENV_SECRETS_MAX + 1)
     ]
     _refused("envSecrets", envSecrets=secrets)
+    files = [
+        {"secretRef": {"secretName": "s"}, "mountPath": f"/s/{i}"}
+        for i in range(specrules.FILE_SECRETS_MAX + 1)
+    ]
+    _refused("fileSecrets", fileSecrets=files)
 
 
 def test_sidecar_command_and_args_are_bounded() -> None:
@@ -210,6 +216,54 @@ def test_every_variable_the_poller_sets_is_reserved() -> None:
         (main,) = (c for c in pod["spec"]["containers"] if c["name"] == podspec.MAIN_CONTAINER)
         for variable in main["env"]:
             assert specrules.env_name_problem(variable["name"]), variable["name"]
+
+
+# -- where a Secret may be mounted ------------------------------------------------------------
+
+
+def _file_secret(path: str) -> dict[str, Any]:
+    return {"fileSecrets": [{"secretRef": {"secretName": "s"}, "mountPath": path}]}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/usr/local/lib/python3.11/site-packages",
+        "/usr/lib",
+        "/lib/x86_64-linux-gnu",
+        "/opt/lmeval-driver",
+        "/opt/lmeval/tasks/t",
+        "/tmp",
+        "/outputs/x",
+        "/cache/huggingface",
+        "/etc",
+        "/etc/python3.11",
+        "/etc/ld.so.conf.d",
+    ],
+)
+def test_secrets_may_not_shadow_code_or_the_pollers_mounts(path: str) -> None:
+    _refused("fileSecrets.0.mountPath", f"{path}: a Secret mounted there", **_file_secret(path))
+
+
+@pytest.mark.parametrize("path", ["/", "//usr", "/usr/", "/x/../usr", "/./usr", "/a/."])
+def test_mount_paths_are_absolute_and_normal(path: str) -> None:
+    _refused("fileSecrets.0.mountPath", **_file_secret(path))
+
+
+@pytest.mark.parametrize("path", ["/etc/s", "/secrets/hf", "/etc/ssl/certs", "/var/run/x", "/usr2"])
+def test_ordinary_mount_paths_are_admitted(path: str) -> None:
+    assert _validate(**_file_secret(path)).file_secrets
+
+
+def test_every_path_the_poller_mounts_is_reserved() -> None:
+    settings = Settings(driver_image="registry.example/driver:1")
+    spec = _validate(customTasks=[{"configMap": "tasks"}], outputs={"pvcName": "out"})
+    pod = podspec.build_pod(name="e", namespace="n", uid="u", spec=spec, settings=settings)
+    containers = pod["spec"]["containers"] + pod["spec"]["initContainers"]
+    paths = {m["mountPath"] for c in containers for m in c.get("volumeMounts", [])}
+    assert podspec.DRIVER_MOUNT in paths
+    for path in paths:
+        assert specrules.mount_path_problem(path), path
 
 
 # -- label and annotation keys ------------------------------------------------------------
@@ -320,6 +374,7 @@ def test_every_rule_is_in_the_crd_as_cel() -> None:
         "seccomp or AppArmor profile",
         "NAME=value and a NUL",
         "a NUL each",
+        "this path is reserved",
     ):
         assert any(words in text for text in texts), words
     limit = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["limit"]
