@@ -23,13 +23,13 @@ import yaml
 from pydantic import BaseModel
 
 from poller import api
+from poller.specrules import VALIDATIONS as _VALIDATIONS
 
 __all__ = ["CRD_PATH", "crd_manifest", "render"]
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "lmevaljobs.yaml"
 
 _DROP = {"title", "default", "examples"}
-_VALIDATIONS = "x-kubernetes-validations"
 # Bound on a map whose keys are checked in CEL, so that the rule's cost is too.
 MAP_KEYS_MAX = 64
 

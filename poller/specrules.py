@@ -2,11 +2,12 @@
 
 A pattern or a length carries over from a pydantic field to the CRD by
 itself; a rule about a whole list or map (the size of the argv token a list
-is joined into, a key the poller keeps for itself, a variable that would
-load code into the driver) does not. Each such rule is a `Cel` placed in the
-field's ``Annotated[...]``: it holds the CEL expression the CRD carries in
-``x-kubernetes-validations`` and the same rule in Python, side by side, with
-the same words. The apiserver refuses a job that breaks it with the field's
+is joined into, a key the poller keeps for itself, a variable or a mount
+that would load code into the driver) does not. Each such rule is a `Cel`
+placed in the field's ``Annotated[...]``: it holds the CEL expression the CRD
+carries in ``x-kubernetes-validations`` and the same rule in Python, side by
+side; both messages open with the same words (pydantic's then adds the
+measured size or the offending keys). The apiserver refuses a job that breaks it with the field's
 path; the poller validates the spec again, so a job stored under an older
 schema ends Failed with the same message instead of a pod that never starts.
 
@@ -17,7 +18,8 @@ list too long", while the apiserver's ``maxLength`` counts characters (up to
 
 This module is also the one list of environment variables a job may not set
 (`env_name_problem`): the schema refuses them, and ``podspec`` checks again
-before it builds a pod.
+before it builds a pod. Every bound here is also what keeps the CRD's CEL
+within the apiserver's cost budget: rules over lists need maxItems.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = [
     "SIDECAR_ARGV_BYTES_MAX",
     "SIDECAR_ARGV_ITEMS_MAX",
     "SIDECAR_ENV_ITEMS_MAX",
+    "VALIDATIONS",
     "Cel",
     "argv_list_rule",
     "env_list_rule",
