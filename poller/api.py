@@ -8,7 +8,12 @@ applies a job, and by pydantic when the poller reads it (a job that slipped
 past an older schema still ends Failed with a clear message instead of
 reaching an argv). Strings that end up in lm_eval's command line are held to
 conservative patterns: the argv is a list, never a shell, but a value that
-starts with ``-`` could still be read by lm_eval as an option.
+starts with ``-`` could still be read by lm_eval as an option. Free-form
+strings that reach a process or the container runtime (argument values,
+environment values, sidecar commands, annotation values) carry no control
+characters: a NUL there is refused by the runtime only after the pod exists,
+leaving it Pending. Rules about a whole list or map (the size of a joined argv
+token, reserved variables and keys) live in ``poller.specrules``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from poller import specrules as rules
 
 __all__ = [
     "API_GROUP",
@@ -43,17 +50,41 @@ SHORT_NAME = "lmej"
 ARGV_WORD = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$"
 TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ARG_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+# C0 and C1 control characters and DEL (\x{..} is understood by Go's RE2,
+# which the apiserver uses, and by pydantic's Rust regex alike).
+_CONTROLS = r"\x00-\x1f\x7f-\x{9f}"
 # model_args/gen_kwargs are joined with "," and split on "=" by lm_eval.
-ARG_VALUE = r"^[^,\n\r]*$"
-LIMIT = r"^([1-9][0-9]{0,9}|0?\.[0-9]{1,9}|1\.0*)$"
+ARG_VALUE = rf"^[^,{_CONTROLS}]*$"
+# Text that may span lines (a script in a sidecar's args, a PEM in a
+# variable): tab, LF and CR are its only control characters.
+TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x{9f}]*$"
+IMAGE = rf"^[^\s{_CONTROLS}]+$"
+# A whole number, or a fraction in (0, 1]: some digit after the point must
+# not be 0 (RE2 has no look-ahead, hence the explicit non-zero digit), or 1.0.
+LIMIT = r"^([1-9][0-9]{0,9}|0?\.[0-9]{0,8}[1-9][0-9]{0,8}|1\.0{0,9})$"
+LIMIT_LENGTH_MAX = 11  # "0." and 9 digits
 BATCH_SIZE = r"^(auto(:[1-9][0-9]{0,4})?|[1-9][0-9]{0,5})$"
+# How many name/value pairs model_args and gen_args may hold.
+ARG_PAIRS_MAX = 256
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DATA_KEY = r"^[-._a-zA-Z0-9]+$"
-ABS_PATH = r"^/[A-Za-z0-9_./-]*$"
+# An absolute path in normal form: no empty, "." or ".." segment, no trailing
+# "/", so that the reserved-path rule cannot be walked around ("/usr/../usr").
+MOUNT_PATH = (
+    r"^(/([A-Za-z0-9_-][A-Za-z0-9_.-]*|[.][A-Za-z0-9_-][A-Za-z0-9_.-]*|[.][.][A-Za-z0-9_.-]+))+$"
+)
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei|e[0-9]+)?$"
 RESOURCE_NAME = r"^([a-z0-9.-]+/)?[A-Za-z0-9][-A-Za-z0-9_.]*$"
+# Label and annotation keys: an optional DNS-subdomain prefix, then a name of
+# at most 63 characters. "[.]" rather than "\.": the crd module puts key
+# patterns inside CEL string literals.
+_NAME63 = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_QUALIFIED = rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME63}"
+QUALIFIED_NAME = rf"^{_QUALIFIED}$"
+QUALIFIED_NAME_LENGTH_MAX = 253 + 1 + 63
+LABEL_VALUE = rf"^({_NAME63})?$"
 
 
 class _Model(BaseModel):
@@ -73,7 +104,7 @@ class NameValue(_Model):
         Field(
             pattern=ARG_VALUE,
             max_length=4096,
-            description="Argument value; no commas or newlines.",
+            description="Argument value; no commas or control characters.",
         ),
     ]
 
@@ -83,10 +114,15 @@ class SecretKeyRef(_Model):
     key: Annotated[str, Field(pattern=DATA_KEY, max_length=253, description="Key in the Secret.")]
 
 
+# A variable of the evaluation container: not one the poller sets, nor one
+# that loads code into the driver (LD_PRELOAD...).
+EvaluationEnvName = Annotated[str, Field(pattern=ENV_NAME, max_length=128), rules.env_name_rule()]
+
+
 class EnvSecret(_Model):
     """An environment variable of the evaluation taken from a Secret."""
 
-    env: Annotated[str, Field(pattern=ENV_NAME, max_length=128, description="Variable name.")]
+    env: EvaluationEnvName = Field(description="Variable name.")
     secret_ref: SecretKeyRef = Field(description="The Secret key that holds the value.")
 
 
@@ -106,12 +142,18 @@ class FileSecret(_Model):
     """A Secret mounted read-only as files in the evaluation container."""
 
     secret_ref: SecretVolumeRef = Field(description="The Secret to mount.")
-    mount_path: Annotated[str, Field(pattern=ABS_PATH, max_length=1024)] = Field(
-        description="Absolute path of the mount."
+    mount_path: Annotated[
+        str, Field(pattern=MOUNT_PATH, max_length=1024), rules.mount_path_rule()
+    ] = Field(
+        description="Absolute path of the mount; not over code or the poller's own mounts "
+        "(/usr, /lib*, /bin, /sbin, /opt, /tmp, /outputs, /cache, /proc, /sys, /dev, / and "
+        "/etc themselves, /etc/ld.so*, /etc/python*)."
     )
 
 
 ResourceName = Annotated[str, Field(pattern=RESOURCE_NAME, max_length=253)]
+LabelKey = Annotated[str, Field(pattern=QUALIFIED_NAME, max_length=QUALIFIED_NAME_LENGTH_MAX)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
 # YAML users write `cpu: 2` as often as `cpu: "2"`: accept both, like Kubernetes.
 Quantity = Annotated[
     str,
@@ -132,14 +174,39 @@ class ResourceRequirements(_Model):
 
 
 class EnvVar(_Model):
+    """A variable of a sidecar."""
+
     name: Annotated[str, Field(pattern=ENV_NAME, max_length=128)]
-    value: Annotated[str, Field(max_length=32768)] = ""
+    value: Annotated[str, Field(pattern=TEXT, max_length=32768)] = ""
+
+
+class EvaluationEnvVar(EnvVar):
+    """A variable of the evaluation container."""
+
+    name: EvaluationEnvName
+
+
+# A container's variables: bounded in number and in bytes, as execve counts.
+SidecarEnv = Annotated[
+    list[EnvVar], Field(max_length=rules.SIDECAR_ENV_ITEMS_MAX), rules.env_list_rule()
+]
+EvaluationEnv = Annotated[
+    list[EvaluationEnvVar], Field(max_length=rules.CONTAINER_ENV_ITEMS_MAX), rules.env_list_rule()
+]
+
+
+# A sidecar's command or args: each string bounded, and all of them together.
+ArgvList = Annotated[
+    list[Annotated[str, Field(pattern=TEXT, max_length=4096)]],
+    Field(max_length=rules.SIDECAR_ARGV_ITEMS_MAX),
+    rules.argv_list_rule(),
+]
 
 
 class Toleration(_Model):
-    key: Annotated[str, Field(max_length=316)] | None = None
+    key: Annotated[str, Field(pattern=rf"^({_QUALIFIED})?$", max_length=316)] | None = None
     operator: Annotated[str, Field(pattern=r"^(Exists|Equal)$")] | None = None
-    value: Annotated[str, Field(max_length=63)] | None = None
+    value: Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)] | None = None
     effect: Annotated[str, Field(pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = (
         None
     )
@@ -160,10 +227,10 @@ class Sidecar(_Model):
     name: Annotated[str, Field(pattern=DNS_LABEL, max_length=63)] = Field(
         description="Container name (not lmeval)."
     )
-    image: Annotated[str, Field(pattern=r"^[^\s]+$", max_length=512)]
-    command: list[Annotated[str, Field(max_length=4096)]] | None = None
-    args: list[Annotated[str, Field(max_length=4096)]] | None = None
-    env: list[EnvVar] | None = None
+    image: Annotated[str, Field(pattern=IMAGE, max_length=512)]
+    command: ArgvList | None = None
+    args: ArgvList | None = None
+    env: SidecarEnv | None = None
     resources: ResourceRequirements | None = None
     ports: list[ContainerPort] | None = None
 
@@ -174,10 +241,14 @@ class PodOverride(_Model):
     resources: ResourceRequirements | None = Field(
         default=None, description="CPU, memory and accelerator requests and limits."
     )
-    env: list[EnvVar] | None = Field(
-        default=None, description="Extra environment variables of the evaluation container."
+    env: EvaluationEnv | None = Field(
+        default=None,
+        description="Extra environment variables of the evaluation container (at most "
+        f"{rules.CONTAINER_ENV_ITEMS_MAX}, {rules.CONTAINER_ENV_BYTES_MAX} bytes in all). Not "
+        "LD_*, LMEVAL_*, PYTHON* (but " + ", ".join(sorted(rules.ALLOWED_PYTHON_ENV)) + "), "
+        "glibc's unsecure variables, nor those the poller sets.",
     )
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+    node_selector: dict[LabelKey, LabelValue] | None = Field(
         default=None, description="Node labels the pod must match."
     )
     tolerations: list[Toleration] | None = Field(default=None, description="Pod tolerations.")
@@ -212,22 +283,44 @@ class LMEvalJobSpec(_Model):
     model: Annotated[str, Field(pattern=ARGV_WORD, max_length=128)] = Field(
         description="lm_eval model type (--model), e.g. hf, local-completions, dummy."
     )
-    model_args: list[NameValue] | None = Field(
-        default=None, description="lm_eval --model_args as name/value pairs."
+    model_args: (
+        Annotated[
+            list[NameValue],
+            Field(max_length=ARG_PAIRS_MAX),
+            rules.joined_pairs_rule("model_args"),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="lm_eval --model_args as name/value pairs (joined, at most "
+        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes).",
     )
     tasks: Annotated[
         list[Annotated[str, Field(pattern=TASK_NAME, max_length=256)]],
         Field(min_length=1, max_length=200),
-    ] = Field(description="Task or group names (lm_eval --tasks).")
+        rules.joined_tasks_rule(),
+    ] = Field(
+        description="Task or group names (lm_eval --tasks; joined, at most "
+        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes)."
+    )
     num_few_shot: Annotated[int, Field(ge=0, le=1000)] | None = Field(
         default=None, description="Few-shot examples per task (--num_fewshot)."
     )
-    limit: Annotated[str, Field(pattern=LIMIT)] | None = Field(
+    limit: Annotated[str, Field(pattern=LIMIT, max_length=LIMIT_LENGTH_MAX)] | None = Field(
         default=None,
         description="Examples per task: a whole number, or a fraction in (0, 1] (--limit).",
     )
-    gen_args: list[NameValue] | None = Field(
-        default=None, description="Generation arguments (--gen_kwargs)."
+    gen_args: (
+        Annotated[
+            list[NameValue],
+            Field(max_length=ARG_PAIRS_MAX),
+            rules.joined_pairs_rule("gen_kwargs"),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Generation arguments (--gen_kwargs; joined, at most "
+        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes).",
     )
     log_samples: bool | None = Field(
         default=None, description="Keep per-sample outputs (--log_samples)."
@@ -235,11 +328,12 @@ class LMEvalJobSpec(_Model):
     batch_size: Annotated[str, Field(pattern=BATCH_SIZE)] | None = Field(
         default=None, description='Batch size: a number, "auto" or "auto:N" (--batch_size).'
     )
-    env_secrets: list[EnvSecret] | None = Field(
-        default=None, description="Environment variables from Secrets."
+    env_secrets: Annotated[list[EnvSecret], Field(max_length=rules.ENV_SECRETS_MAX)] | None = Field(
+        default=None,
+        description="Environment variables from Secrets (the names follow spec.pod.env's rules).",
     )
-    file_secrets: list[FileSecret] | None = Field(
-        default=None, description="Secrets mounted as files."
+    file_secrets: Annotated[list[FileSecret], Field(max_length=rules.FILE_SECRETS_MAX)] | None = (
+        Field(default=None, description="Secrets mounted as files.")
     )
     custom_tasks: Annotated[list[CustomTasks], Field(max_length=16)] | None = Field(
         default=None,
@@ -259,11 +353,22 @@ class LMEvalJobSpec(_Model):
         )
     )
     outputs: Outputs | None = Field(default=None, description="Where full outputs go.")
-    labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
-        default=None, description="Labels added to the job pod."
+    labels: Annotated[dict[LabelKey, LabelValue], rules.poller_keys_rule()] | None = Field(
+        default=None,
+        description="Labels added to the job pod; not app.kubernetes.io/managed-by nor "
+        f"{rules.RESERVED_KEY_PREFIX}*, which the poller sets.",
     )
-    annotations: dict[str, str] | None = Field(
-        default=None, description="Annotations added to the job pod."
+    annotations: (
+        Annotated[
+            dict[LabelKey, Annotated[str, Field(pattern=TEXT)]],
+            rules.poller_keys_rule(),
+            rules.security_annotations_rule(),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Annotations added to the job pod; not the poller's keys (as for labels) "
+        "nor any that sets a seccomp or AppArmor profile.",
     )
     allow_online: bool | None = Field(
         default=None,

@@ -6,7 +6,10 @@ committed file and the models disagree (a test runs the check). pydantic's
 JSON Schema is close to what the apiserver wants; the differences handled
 here are the ones a *structural* schema requires: every ``$ref`` inlined, no
 ``anyOf`` for optional fields, no titles, and Kubernetes' own extensions
-(``x-kubernetes-int-or-string``, list-map keys for conditions).
+(``x-kubernetes-int-or-string``, list-map keys for conditions). Rules a
+schema keyword cannot say arrive from the models as CEL
+``x-kubernetes-validations`` (see ``poller.specrules``) and pass through,
+merged with the CEL rule that stands in for a map's key pattern.
 """
 
 from __future__ import annotations
@@ -20,12 +23,27 @@ import yaml
 from pydantic import BaseModel
 
 from poller import api
+from poller.specrules import VALIDATIONS as _VALIDATIONS
 
 __all__ = ["CRD_PATH", "crd_manifest", "render"]
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "crds" / "lmevaljobs.yaml"
 
 _DROP = {"title", "default", "examples"}
+# Bound on a map whose keys are checked in CEL, so that the rule's cost is too.
+MAP_KEYS_MAX = 64
+
+
+def _key_rule(pattern: str, names: dict[str, Any]) -> dict[str, str]:
+    """The CEL rule standing in for patternProperties (and propertyNames' maxLength)."""
+    if "'" in pattern or "\\" in pattern:
+        raise ValueError(f"key pattern {pattern!r} cannot go into a CEL literal as it is")
+    check = f"k.matches('{pattern}')"
+    message = f"every key must match {pattern}"
+    if "maxLength" in names:
+        check = f"size(k) <= {names['maxLength']} && {check}"
+        message += f" and have at most {names['maxLength']} characters"
+    return {"rule": f"self.all(k, {check})", "message": message}
 
 
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -56,15 +74,13 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             # a CEL rule instead, and bound the map so the rule's cost is too.
             ((pattern, sub),) = value.items()
             out["additionalProperties"] = _structural(sub, defs)
-            out["maxProperties"] = 64
-            out["x-kubernetes-validations"] = [
-                {
-                    "rule": f"self.all(k, k.matches('{pattern}'))",
-                    "message": f"every key must match {pattern}",
-                }
-            ]
+            out["maxProperties"] = MAP_KEYS_MAX
+            rule = _key_rule(pattern, schema.get("propertyNames", {}))
+            out[_VALIDATIONS] = [rule, *out.get(_VALIDATIONS, [])]
         elif key == "propertyNames":
-            continue  # not allowed in a structural schema; keys are checked in code
+            continue  # not allowed in a structural schema: folded into the key rule above
+        elif key == _VALIDATIONS:
+            out[key] = [*out.get(key, []), *value]
         elif key == "enum":
             out[key] = list(value)
         else:

@@ -24,6 +24,7 @@ from typing import Any
 
 from poller import api
 from poller.settings import Settings
+from poller.specrules import OFFLINE_ENV, env_name_problem
 
 __all__ = [
     "CUSTOM_TASKS_ROOT",
@@ -56,18 +57,9 @@ DRIVER_MOUNT = "/opt/lmeval-driver"
 CUSTOM_TASKS_ROOT = "/opt/lmeval/tasks"
 # Where the driver image keeps the `driver` package (see the Dockerfile).
 DRIVER_IMAGE_SOURCE = "/opt/lmeval/driver"
-OFFLINE_ENV = (
-    "HF_HUB_OFFLINE",
-    "HF_DATASETS_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "HF_EVALUATE_OFFLINE",
-)
 # The driver must finish reporting before the kubelet's SIGKILL.
 TERMINATION_GRACE_SECONDS = 30
 DRIVER_GRACE_SECONDS = 20
-# Environment the job may not override: it would defeat the offline switch
-# or move the driver's paths.
-RESERVED_ENV = frozenset({*OFFLINE_ENV, "HF_HOME", "LMEVAL_OUTPUT_ROOT", "PYTHONPATH", "HOME"})
 
 _NAME_LIMIT = 63
 # A ConfigMap's name is a DNS subdomain: at most 253 characters.
@@ -196,15 +188,15 @@ def _env(
         env.append({"name": "PYTHONPATH", "value": DRIVER_MOUNT})
     if not (spec.allow_online and settings.allow_online):
         env += [{"name": name, "value": "1"} for name in OFFLINE_ENV]
+    # The schema refuses these names already (specrules holds the one list);
+    # checked again here because the pod is where they would take effect.
     for item in (spec.pod.env if spec.pod else None) or []:
-        if item.name in RESERVED_ENV:
-            raise JobPodError(
-                f"spec.pod.env: {item.name} is set by the poller and cannot be overridden"
-            )
+        if problem := env_name_problem(item.name):
+            raise JobPodError(f"spec.pod.env: {problem}")
         env.append({"name": item.name, "value": item.value})
     for secret in spec.env_secrets or []:
-        if secret.env in RESERVED_ENV:
-            raise JobPodError(f"spec.envSecrets: {secret.env} is set by the poller")
+        if problem := env_name_problem(secret.env):
+            raise JobPodError(f"spec.envSecrets: {problem}")
         env.append(
             {
                 "name": secret.env,

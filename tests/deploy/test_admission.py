@@ -28,7 +28,12 @@ kinds, host namespaces, host ports, privileged, privilege escalation, added
 capabilities, security annotations) cannot be exercised on the real CRD.
 They are exercised on a *twin*: a CRD of another group whose spec keeps
 unknown fields, judged by the same policy text with only its match rule
-pointed at the twin; a safe override is admitted there.
+pointed at the twin; a safe override is admitted there. Annotations that set
+a seccomp or AppArmor profile are refused in every form (any key containing
+"seccomp" or "apparmor", such as the per-container
+``container.seccomp.security.alpha.kubernetes.io/<name>``); the real CRD's
+schema refuses them too (tests/cluster/test_schema_limits.py), so they are
+tried on the twin, where only the policy judges.
 """
 
 from __future__ import annotations
@@ -508,6 +513,25 @@ SHAPES = [
     (
         {"annotations": {"container.apparmor.security.beta.kubernetes.io/lmeval": "unconfined"}},
         "spec.annotations[container.apparmor.security.beta.kubernetes.io/lmeval]",
+    ),
+    # Every form that sets a seccomp or AppArmor profile (issue 15): the
+    # per-container seccomp key passed the old prefix check.
+    (
+        {"annotations": {"container.seccomp.security.alpha.kubernetes.io/lmeval": "unconfined"}},
+        "spec.annotations[container.seccomp.security.alpha.kubernetes.io/lmeval]: AppArmor and "
+        "seccomp annotations are not allowed",
+    ),
+    (
+        {"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}},
+        "spec.annotations[seccomp.security.alpha.kubernetes.io/pod]",
+    ),
+    (
+        {"annotations": {"seccomp-profile.kubernetes.cri-o.io/lmeval": "x"}},
+        "spec.annotations[seccomp-profile.kubernetes.cri-o.io/lmeval]",
+    ),
+    (
+        {"annotations": {"AppArmor.example/profile": "unconfined"}},
+        "spec.annotations[AppArmor.example/profile]",
     ),
 ]
 
