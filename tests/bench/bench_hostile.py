@@ -49,6 +49,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import random
 import re
 import resource
@@ -89,6 +90,8 @@ GUARD_MIB = 1200
 # a Python process with a few threads reserves ~1 GiB of malloc arenas and
 # stacks it never touches, so this sits far above the guard.
 ADDRESS_SPACE_LIMIT = 6 * 1024**3
+# Seconds the guard's SIGABRT gets (faulthandler's stack dump) before SIGKILL.
+ABORT_GRACE = 3.0
 GUARD_POLL = 0.1  # seconds between the guard's reads of /proc/PID/status
 SAMPLE_EVERY = 0.5  # seconds between kept samples
 # kubelet's CrashLoopBackOff: 10 s, doubled each restart, at most 5 min.
@@ -98,6 +101,8 @@ LATENCY_NS = "ordinary-latency"
 CYCLE_LINE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*cycle: .* in ([0-9.]+) s$", re.MULTILINE
 )
+# Threads whose innermost frame is here are waiting, not working.
+IDLE_FILES = {"threading.py", "selectors.py", "socketserver.py", "queue.py", "thread.py"}
 JOB_ERROR = re.compile(r"error handling LMEvalJob (\S+?): (.*)$", re.MULTILINE)
 EXCEPTION_LINE = re.compile(r"^(\w+(?:Error|Exception)): ", re.MULTILINE)
 
@@ -148,12 +153,16 @@ class Guarded:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.cwd,
+                # The guard kills with SIGABRT first, so that faulthandler
+                # writes every thread's stack to the log: what was growing.
+                env={**os.environ, "PYTHONFAULTHANDLER": "1"},
             )
         # Set from here rather than in a preexec_fn (unsafe with threads); the
         # interpreter's start-up before this call is small.
         limit = (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT)
         with contextlib.suppress(ProcessLookupError):
             resource.prlimit(self.proc.pid, resource.RLIMIT_AS, limit)
+            resource.prlimit(self.proc.pid, resource.RLIMIT_CORE, (0, 0))  # abort: no core
         self.starts.append(time.time())
 
     def start(self) -> None:
@@ -177,7 +186,11 @@ class Guarded:
                 last_sample = now
             killed = rss > self.guard_mib
             if killed:
-                proc.kill()
+                proc.send_signal(signal.SIGABRT)
+                try:
+                    proc.wait(timeout=ABORT_GRACE)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
             if killed or proc.poll() is not None:
                 code = proc.wait()
                 self.ends.append(
@@ -236,6 +249,26 @@ def cycle_figures(text: str, begin: float, end: float) -> dict[str, Any]:
     }
 
 
+def guard_stacks(text: str) -> list[list[str]]:
+    """Per guard kill: each busy thread's innermost poller/driver frame (faulthandler)."""
+    kills = []
+    for dump in text.split("Fatal Python error: Aborted")[1:]:
+        busy = []
+        for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump):
+            frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
+            if not frames or Path(frames[0][0]).name in IDLE_FILES:
+                continue
+            ours = [f for f in frames if re.search(r"/(poller|driver)/", f[0])]
+            where = ours[0] if ours else frames[0]
+            inner = frames[0]
+            text_ = f"{Path(where[0]).name}:{where[1]} {where[2]}"
+            if inner is not where:
+                text_ += f" (in {Path(inner[0]).name} {inner[2]})"
+            busy.append(text_)
+        kills.append(busy)
+    return kills
+
+
 def logged_errors(text: str) -> dict[str, Any]:
     """Per job: how many 'error handling' lines, and the first message; exception kinds."""
     per_job: dict[str, dict[str, Any]] = {}
@@ -246,6 +279,7 @@ def logged_errors(text: str) -> dict[str, Any]:
         "per_job": per_job,
         "exceptions": dict(Counter(m.group(1) for m in EXCEPTION_LINE.finditer(text))),
         "cycle_failures": text.count("poll cycle failed"),
+        "at_guard_kill": guard_stacks(text),
     }
 
 
@@ -254,14 +288,13 @@ class HostileRun:
 
     def __init__(self, bench: Bench, args: argparse.Namespace, hostile: list[Hostile]) -> None:
         self.bench = bench
-        self.admin = bench.admin
         self.args = args
         self.hostile = hostile
         self.rng = random.Random(args.seed)
         self.service: Guarded | None = None
 
     def jobs_in(self, namespace: str) -> dict[str, dict[str, Any]]:
-        page = self.admin.json("GET", f"{JOBS_API}/namespaces/{namespace}/{api.PLURAL}")
+        page = self.bench.admin.json("GET", f"{JOBS_API}/namespaces/{namespace}/{api.PLURAL}")
         return {job["metadata"]["name"]: job for job in page["items"]}
 
     def create_jobs(self, namespace: str, names: list[str], first_index: int) -> dict[str, str]:
@@ -284,14 +317,16 @@ class HostileRun:
         for job in self.hostile:
             body = kwok.logs_body(HOSTILE_NS, pods[job.name], log_dir / job.log)
             with contextlib.suppress(HttpError):
-                self.admin.request("POST", f"{KWOK_API}/namespaces/{HOSTILE_NS}/logs", body=body)
+                self.bench.admin.request(
+                    "POST", f"{KWOK_API}/namespaces/{HOSTILE_NS}/logs", body=body
+                )
         deadline = time.monotonic() + 120
         for job in self.hostile:
             want = last_line(log_dir / job.log)[:200]
             path = f"/api/v1/namespaces/{HOSTILE_NS}/pods/{pods[job.name]}/log"
             while True:
                 with contextlib.suppress(HttpError):
-                    got = self.admin.request("GET", path, query={"tailLines": 1}, retries=0)
+                    got = self.bench.admin.request("GET", path, query={"tailLines": 1}, retries=0)
                     if got.decode(errors="replace").startswith(want):
                         break
                 if time.monotonic() > deadline:
@@ -299,7 +334,7 @@ class HostileRun:
                 time.sleep(0.5)
 
     def terminate(self, namespace: str, pod: str) -> None:
-        self.admin.request(
+        self.bench.admin.request(
             "PATCH",
             f"/api/v1/namespaces/{namespace}/pods/{pod}",
             body={"metadata": {"annotations": {kwok.ANNOTATION_EXIT_CODE: "0"}}},
@@ -341,7 +376,7 @@ class HostileRun:
         finished: dict[str, float] = {}
         stop = threading.Event()
         scrapes: list[int] = []
-        scrape_failures = [0]
+        scrape_failures: Counter[str] = Counter()
 
         def watch() -> None:
             while not stop.is_set():
@@ -362,8 +397,8 @@ class HostileRun:
                 try:
                     with urllib.request.urlopen(url, timeout=30) as response:
                         scrapes.append(len(response.read()))
-                except OSError:
-                    scrape_failures[0] += 1
+                except OSError as error:
+                    scrape_failures[f"{type(error).__name__}: {error}"[:80]] += 1
 
         threads = [threading.Thread(target=f, daemon=True) for f in (watch, scrape)]
         for thread in threads:
@@ -424,7 +459,7 @@ class HostileRun:
             "starts": len(service.starts),
             "errors": logged_errors(text),
             "scrapes": len(scrapes),
-            "scrape_failures": scrape_failures[0],
+            "scrape_failures": dict(scrape_failures),
             "hostile_jobs": {
                 h.name: {
                     "attack": h.attack,
@@ -466,14 +501,17 @@ def report(result: dict[str, Any]) -> str:
         f"poller process        {'alive' if result['alive_at_end'] else 'NOT alive'} at the end; "
         f"{result['starts']} start(s), {len(ends)} ended early ({kills} by the memory guard)",
     ]
+    errors = result["errors"]
+    stacks = iter(errors["at_guard_kill"])
     for end in ends:
         how = "killed by the guard" if end["guard"] else f"exit code {end['exit_code']}"
         lines.append(f"  +{end['at']:.1f} s pid {end['pid']}: {how}, VmHWM {end['vm_hwm']:.0f} MiB")
-    errors = result["errors"]
+        if end["guard"]:
+            lines += [f"      busy: {frame}" for frame in next(stacks, [])]
     lines.append(
         f"logged                {errors['cycle_failures']} failed cycles; exceptions "
         f"{errors['exceptions'] or '-'}; /metrics {result['scrapes']} scrapes, "
-        f"{result['scrape_failures']} failed"
+        f"{sum(result['scrape_failures'].values())} failed"
     )
     lines += ["", "hostile job             pod      state/reason           message"]
     for name, job in result["hostile_jobs"].items():
