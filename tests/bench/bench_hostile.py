@@ -15,7 +15,10 @@ with the poller's own manifests on kwok nodes):
   each pod with its own kwok-served log file; 7 pods exit 0 during the run,
   3 keep running and are read for progress (progress-interval 30 s);
 * 50 ordinary jobs with running pods (30 with --quick), terminated at random
-  moments over --spread seconds while the hostile pods terminate too.
+  moments over --spread seconds while the hostile pods terminate too; the
+  run ends when all of them are Finished and the service has completed 6
+  cycles since the last termination (so every running job's log was read),
+  or --deadline seconds after the last termination.
 
 The poller runs as a service process (`poll-interval` --interval). Every
 0.1 s a guard reads its VmRSS and kills it (SIGKILL) above --guard-mib; every
@@ -74,6 +77,7 @@ from bench_cycle import (
     Bench,
     HttpError,
     Population,
+    fmt,
     free_port,
     log,
     summary,
@@ -96,6 +100,9 @@ GUARD_POLL = 0.1  # seconds between the guard's reads of /proc/PID/status
 SAMPLE_EVERY = 0.5  # seconds between kept samples
 # kubelet's CrashLoopBackOff: 10 s, doubled each restart, at most 5 min.
 RESTART_BACKOFF = (10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
+# Completed cycles to wait for after the last termination: with 150 running
+# jobs and 50 progress reads a cycle, every running job's log is read by then.
+CYCLES_AFTER = 6
 HOSTILE_NS = "hostile"
 LATENCY_NS = "ordinary-latency"
 CYCLE_LINE = re.compile(
@@ -415,13 +422,15 @@ class HostileRun:
             time.sleep(max(0.0, start + offset - time.monotonic()))
             (terminated if namespace == LATENCY_NS else hostile_exits)[name] = time.time()
             self.terminate(namespace, pod)
-        last = time.monotonic()
-        # Until every ordinary job finished and the hostile ones had a few cycles,
-        # or the deadline.
+        last, last_wall = time.monotonic(), time.time()
+        # Until every ordinary job finished and the service completed enough
+        # cycles for every hostile job to be read, or the deadline.
         while time.monotonic() < last + args.deadline:
-            if len(finished) == len(names) and time.monotonic() > last + 4 * interval:
-                break
-            time.sleep(0.5)
+            if len(finished) == len(names):
+                text = log_path.read_text(errors="replace")
+                if cycle_figures(text, last_wall, time.time())["cycles"] >= CYCLES_AFTER:
+                    break
+            time.sleep(1.0)
         stop.set()
         for thread in threads:
             thread.join(timeout=40)
@@ -492,10 +501,10 @@ def report(result: dict[str, Any]) -> str:
         f"{result['limit_mib']:.0f} MiB; above it for {result['seconds_over_limit']:.1f} s"
         + (f" (first at +{result['first_over_limit']:.1f} s)" if result["first_over_limit"] else "")
         + f"; guard {result['guard_mib']:.0f} MiB",
-        f"ordinary latency      p50 {lat['median']:.2f} s, p99 {lat['p99']:.2f} s "
+        f"ordinary latency      p50 {fmt(lat['median'])} s, p99 {fmt(lat['p99'])} s "
         f"({result['finished']}/{result['latency_jobs']} Finished); target p99 <= {target:g} s",
         f"cycles                {result['cycles']} completed, longest "
-        f"{result['cycle']['max']:.2f} s, p50 {result['cycle']['median']:.2f} s; "
+        f"{fmt(result['cycle']['max'])} s, p50 {fmt(result['cycle']['median'])} s; "
         "longest without a completed cycle "
         f"{result['longest_without_cycle']:.1f} s",
         f"poller process        {'alive' if result['alive_at_end'] else 'NOT alive'} at the end; "
@@ -560,7 +569,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--spread", type=float, default=20.0, help="terminations spread over this many seconds"
     )
     parser.add_argument(
-        "--deadline", type=float, default=120.0, help="seconds to wait after the last termination"
+        "--deadline", type=float, default=180.0, help="seconds to wait after the last termination"
     )
     parser.add_argument("--guard-mib", type=float, default=GUARD_MIB, help="kill the poller above")
     parser.add_argument("--max-restarts", type=int, default=5, help="restarts after an exit/kill")
