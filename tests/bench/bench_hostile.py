@@ -330,7 +330,11 @@ def report(result: dict[str, Any]) -> str:
         f"{errors['exceptions'] or '-'}; /metrics {result['scrapes']} scrapes, "
         f"{sum(result['scrape_failures'].values())} failed"
     )
-    lines += ["", "hostile job             pod      state/reason           message"]
+    lines += [
+        "",
+        "hostile job             pod      state/reason           message"
+        "   (exit@: seconds after the service started)",
+    ]
     for name, job in result["hostile_jobs"].items():
         pod = f"exit@{job['exited_at']:.0f}s" if job["exited_at"] is not None else "running"
         state = f"{job['state']}/{job['reason']}"
