@@ -40,7 +40,9 @@ first). Run from the repository root::
     python tests/bench/bench_hostile.py --json hostile.json
     python tests/bench/bench_hostile.py --hostile zip-bomb,deep-results   # a subset
 
-``--check`` exits 1 when a target is missed. Everything it starts is stopped
+Targets: peak RSS <= the limit; every timed job Finished, p99 <= interval
++ 2 s; the process never ends; every hostile job whose pod exited is Complete;
+no job's handling raised. ``--check`` exits 1 when one is missed. Everything it starts is stopped
 on exit, failure or Ctrl-C.
 """
 
@@ -361,6 +363,18 @@ def targets(result: dict[str, Any]) -> list[str]:
         missed.append(f"ordinary latency p99 {result['latency']['p99']:.2f} s")
     if result["process_ends"] or not result["alive_at_end"]:
         missed.append(f"the poller process ended {len(result['process_ends'])} time(s)")
+    # Poison must not wedge a job: an exited pod's job ends, whatever its log said.
+    wedged = [
+        name
+        for name, job in result["hostile_jobs"].items()
+        if job["pod_exits"] and job["state"] != "Complete"
+    ]
+    if wedged:
+        missed.append(f"hostile jobs not Complete after their pod exited: {', '.join(wedged)}")
+    # A log's content is data: handling a job must not raise because of it.
+    raised = sorted(result["errors"]["per_job"])
+    if raised:
+        missed.append(f"errors handling {len(raised)} job(s): {', '.join(raised)}")
     return missed
 
 
