@@ -21,8 +21,9 @@ with the poller's own manifests on kwok nodes):
   or --deadline seconds after the last termination.
 
 The poller runs as a service process (`poll-interval` --interval). Every
-0.1 s a guard reads its VmRSS and kills it (SIGKILL) above --guard-mib; every
-0.5 s the sample is kept. An address-space limit (RLIMIT_AS) is a backstop.
+0.1 s a guard reads its VmRSS and kills it above --guard-mib (SIGABRT, so
+faulthandler logs each thread's stack, then SIGKILL); every 0.5 s the sample
+is kept. An address-space limit (RLIMIT_AS) is a backstop.
 A process that exits or is killed is restarted after 10, 20, 40, ... s, as
 kubelet would (--max-restarts). It reports: peak RSS (VmHWM, the largest of
 all the processes) and the time spent above the Deployment's limit; the
