@@ -590,11 +590,12 @@ class Bench:
         self, namespace: str, name: str, index: int, kind: str, labels: dict[str, str] | None = None
     ) -> str:
         """One job, its pod (unless New) and, when finished, its final status."""
+        spec = job_spec(index)
         body = {
             "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
             "kind": api.KIND,
             "metadata": {"name": name, "labels": labels or {}},
-            "spec": job_spec(index),
+            "spec": spec,
         }
         path = f"{JOBS_API}/namespaces/{namespace}/{api.PLURAL}"
         try:
@@ -603,14 +604,34 @@ class Bench:
             if error.status != 409:  # a retried POST that had gone through
                 raise
             created = self.admin.json("GET", f"{path}/{name}")
-        uid = created["metadata"]["uid"]
+        uid = str(created["metadata"]["uid"])
         if kind == "N":
             return uid
+        pod = self.create_pod(namespace, name, uid, spec, index, kind)
+        if kind in "CF":
+            status = final_status(index, pod, name, failed=kind == "F")
+            self.admin.request(
+                "PATCH",
+                f"{path}/{name}/status",
+                body={"status": status},
+                content_type="application/merge-patch+json",
+            )
+        return uid
+
+    def create_pod(
+        self, namespace: str, name: str, uid: str, spec: dict[str, Any], index: int, kind: str
+    ) -> str:
+        """Job `name`'s pod as the poller would make it, in the state `kind` says.
+
+        The one place the benchmarks create pods (bench_hostile.py goes through
+        `create_job` too), so whatever proof of origin the poller's pods must
+        carry is added here once. Returns the pod's name.
+        """
         manifest = podspec.build_pod(
             name=name,
             namespace=namespace,
             uid=uid,
-            spec=api.LMEvalJobSpec.model_validate(body["spec"]),
+            spec=api.LMEvalJobSpec.model_validate(spec),
             settings=POD_SETTINGS,
         )
         # Bound at creation: the scheduler (50 binds/s by default) stays out of
@@ -629,15 +650,7 @@ class Bench:
         except HttpError as error:
             if error.status != 409:
                 raise
-        if kind in "CF":
-            status = final_status(index, manifest["metadata"]["name"], name, failed=kind == "F")
-            self.admin.request(
-                "PATCH",
-                f"{path}/{name}/status",
-                body={"status": status},
-                content_type="application/merge-patch+json",
-            )
-        return uid
+        return str(manifest["metadata"]["name"])
 
     def populate(self, population: Population, target: int) -> float:
         """Grow `population` to `target` jobs; returns the seconds it took."""
