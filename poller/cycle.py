@@ -144,7 +144,7 @@ class Poller:
     def settings(self) -> Settings:
         return self.tracker.current
 
-    def _pod_proof(self) -> PodProof:
+    def pod_proof(self) -> PodProof:
         """The pod-identity key, read (or made) once; a cycle cannot judge pods without it."""
         if self._proof is None:
             self._proof = PodProof(load_or_create_key(self.kube, self.settings_namespace))
@@ -217,7 +217,7 @@ class Poller:
             report.skipped = True
             return report
         settings = self.refresh_settings()
-        jobs, pods_by_job = self._observe(report, self._pod_proof())
+        jobs, pods_by_job = self._observe(report, self.pod_proof())
         queue = plan_queue(jobs, pods_by_job, settings.max_running_jobs)
         # Transitions first, progress reads after: each progress read is a log
         # GET, and a job whose pod just ended must not wait behind dozens of them.
@@ -484,7 +484,7 @@ class Poller:
         if problem is not None:
             self._apply_failure(job, now, report, problem)
             return None
-        manifest = self._pod_proof().stamp(action.manifest, job.uid, action.attempt)
+        manifest = self.pod_proof().stamp(action.manifest, job.uid, action.attempt)
         try:
             created = self.kube.create_pod(manifest)
         except ApiError as error:
@@ -510,7 +510,7 @@ class Poller:
         found = self.kube.find_pod(job.namespace, name)
         if found is None:
             raise Conflict(f"pod {job.namespace}/{name} existed and is gone: retrying")
-        pod = PodView.from_object(found, podspec.MAIN_CONTAINER, self._pod_proof().verify)
+        pod = PodView.from_object(found, podspec.MAIN_CONTAINER, self.pod_proof().verify)
         # The attempt being created is not recorded yet, which judge_pod reads as ADOPT.
         trust, why = judge_pod(job, pod)
         if trust is PodTrust.FOREIGN:

@@ -516,6 +516,9 @@ class Bench:
         )
         self.poller_api = ApiTransport.from_kubeconfig(self.sa_kubeconfig)
         self.poller = Poller(Kube(self.poller_api), settings_namespace=POLLER_NS)
+        # The poller's own key (made now, in its Secret), so that the pods the
+        # benchmark makes in its stead carry the proof of origin it checks.
+        self.proof = self.poller.pod_proof()
         log_file = self.workdir / "driver-run.log"
         log_file.write_text(driver_log())
         # One ClusterLogs serves the same driver log for every pod: progress
@@ -634,6 +637,7 @@ class Bench:
             spec=api.LMEvalJobSpec.model_validate(spec),
             settings=POD_SETTINGS,
         )
+        manifest = self.proof.stamp(manifest, uid, 1)
         # Bound at creation: the scheduler (50 binds/s by default) stays out of
         # the way of setting up thousands of pods; the poller never looks.
         manifest["spec"]["nodeName"] = f"kwok-node-{index % self.args.nodes}"
