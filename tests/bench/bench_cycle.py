@@ -708,8 +708,9 @@ class Bench:
 
     def settle(self, max_cycles: int = 40) -> int:
         """Poller cycles until one writes nothing; returns the cycles run."""
-        # Read every running job's progress once, now, not during the measurements.
-        self.put_settings(**{"progress-reads-per-cycle": "1000000"})
+        # Read every running job's progress once, now, not during the measurements
+        # (1000 a cycle: the setting's upper bound).
+        self.put_settings(**{"progress-reads-per-cycle": "1000"})
         try:
             for cycle in range(1, max_cycles + 1):
                 self.poller.kube.transport.user_agent = "lmeval-poller/bench-settle"
