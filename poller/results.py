@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from sys import intern
 from typing import Any
 
+from driver.protocol import parse_results_json
 from poller import api
 
 __all__ = [
@@ -152,15 +153,15 @@ def parse_scores(text: str | None) -> tuple[Score, ...]:
     ``"<metric>_stderr,filter"`` becomes a stderr score of ``<metric>``. Task
     entries come from ``results`` and, for group scores absent there, from
     ``groups``. Strings (``alias``, ``"N/A"`` stderr), booleans and keys without
-    a filter (``sample_len``) are not scores. Untrusted text: junk gives ().
+    a filter (``sample_len``) are not scores. Untrusted text (an admin may
+    write any status): junk, and anything over the protocol's limits on
+    results, gives () and never an exception.
     """
     if not text:
         return ()
     try:
-        document = json.loads(text)
-    except ValueError:
-        return ()
-    if not isinstance(document, dict):
+        document = parse_results_json(text)
+    except ValueError:  # junk, or deeper, wider or larger than results may be
         return ()
     tasks: dict[str, Any] = {}
     for section in ("groups", "results"):  # results win over groups

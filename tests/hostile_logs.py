@@ -102,7 +102,7 @@ def nan_progress_log(value: str = "NaN") -> str:
 
 
 def long_lines_log(line_bytes: int = 50 * 1024 * 1024, lines: int = 1) -> str:
-    """`lines` lines of `line_bytes` characters each (no newline inside), then a results-less end."""
+    """`lines` lines of `line_bytes` characters each, then a completed marker without results."""
     return ("x" * line_bytes + "\n") * lines + _completed() + "\n"
 
 
@@ -131,9 +131,9 @@ HOSTILE_LOGS: dict[str, Callable[[], str]] = {
 
 
 __all__ = [
+    "HOSTILE_LOGS",
     "alternating_sets_log",
     "deep_results_log",
-    "HOSTILE_LOGS",
     "huge_chunk_count_log",
     "long_lines_log",
     "nan_progress_log",
