@@ -8,14 +8,17 @@ from a few KB of compressed log. Pod logs, an exec'd results file and the
 ``status.results`` text of a job are all written by people the poller must
 not trust, so every such document goes through :func:`parse_untrusted_json`.
 
-The limits are checked *before* ``json.loads`` runs, by whole-buffer bytes
-operations that run in C (replace, count, split, translate, accumulate), so
-checking costs a few linear passes over input that is itself capped; a
-document over a limit costs no Python objects at all. The checks are exact
-for valid UTF-8 JSON: once escaped backslashes and escaped quotes are blanked
-out, every remaining ``"`` delimits a string, and outside strings each ``,``
-and ``:`` separates one element from the next. Standard library only (the
-in-pod driver imports it too).
+For a document of 64 KiB or more, the limits are checked *before* ``json``
+parses it, by whole-buffer operations that run in C (a regular expression
+that removes the strings, count, translate, accumulate): a few linear passes
+over input that is itself capped, and a document over a limit costs no
+Python objects at all. The checks are exact for valid UTF-8 JSON: outside
+its strings, each ``,`` and ``:`` separates one element from the next and
+only brackets nest.
+A smaller document (a log marker, most status texts) is parsed first, which
+costs little whatever it holds, and its shape is walked after, stopping at
+the first limit passed. Standard library only (the in-pod driver imports it
+too).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +57,8 @@ _BRACKETS = b"[]{}"
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
 # Opening brackets step the depth up one, closing ones down one (int8 -1).
 _DEPTH_STEP = bytes.maketrans(_BRACKETS, b"\x01\xff\x01\xff")
+# One JSON string, escapes included (the unrolled form: no backtracking).
+_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
 def _finite_or_none(text: str) -> float | None:
@@ -66,13 +72,11 @@ def _none(_constant: str) -> None:
 
 def _check_shape(data: bytes, limits: JsonLimits) -> None:
     """Raise unless `data` (UTF-8) nests and branches within `limits`."""
-    # Blank escapes first (left to right, as a JSON reader pairs backslashes),
-    # so that every quote left delimits a string.
-    plain = data.replace(b"\\\\", b"__").replace(b'\\"', b"__")
-    strings = plain.count(b'"') // 2
+    # Everything but the strings (one copy, at most as large as `data`); the
+    # count stops one past the limit, which is all that needs knowing.
+    outside, strings = _STRING_RE.subn(b"", data, count=limits.max_elements + 1)
     if strings > limits.max_elements:
-        raise UntrustedJsonError(f"more than {limits.max_elements} JSON strings")
-    outside = b"".join(plain.split(b'"')[::2])  # everything but the strings' contents
+        raise UntrustedJsonError(f"more than {limits.max_elements} JSON elements")
     containers = outside.count(b"[") + outside.count(b"{")
     elements = outside.count(b",") + outside.count(b":") + containers + 1
     if elements > limits.max_elements:
@@ -81,6 +85,38 @@ def _check_shape(data: bytes, limits: JsonLimits) -> None:
     depth = max(itertools.accumulate(steps), default=0)
     if depth > limits.max_depth:
         raise UntrustedJsonError(f"JSON nested deeper than {limits.max_depth} levels")
+
+
+# Decoders made once (json.loads with arguments makes one per call).
+_DECODER = json.JSONDecoder()
+_FINITE_DECODER = json.JSONDecoder(parse_constant=_none, parse_float=_finite_or_none)
+# Documents up to this size are parsed first and their shape checked after:
+# parsing them costs little whatever they hold (json's C parser stops at the
+# interpreter's recursion limit), and a walk that stops at the limits is
+# cheaper than the whole-buffer passes for the small documents (log markers)
+# that are most of what is parsed.
+_PARSE_FIRST_BELOW = 64 * 1024
+
+
+def _walk_shape(document: Any, limits: JsonLimits) -> None:
+    """Raise unless parsed `document` nests and branches within `limits` (stops early)."""
+    elements = 1
+    stack: list[tuple[Any, int]] = [(document, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+            elements += 2 * len(value)
+        elif isinstance(value, list):
+            children = value
+            elements += len(value)
+        else:
+            continue
+        if depth + 1 > limits.max_depth:
+            raise UntrustedJsonError(f"JSON nested deeper than {limits.max_depth} levels")
+        if elements > limits.max_elements:
+            raise UntrustedJsonError(f"more than {limits.max_elements} JSON elements")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def parse_untrusted_json(raw: bytes | str, limits: JsonLimits) -> Any:
@@ -99,12 +135,15 @@ def parse_untrusted_json(raw: bytes | str, limits: JsonLimits) -> Any:
             text = None
         if len(data) > limits.max_bytes:
             raise UntrustedJsonError(f"JSON larger than {limits.max_bytes} bytes")
-        _check_shape(data, limits)
+        small = len(data) < _PARSE_FIRST_BELOW
+        if not small:
+            _check_shape(data, limits)
         if text is None:
             text = data.decode("utf-8")  # strict: the shape check assumed UTF-8
-        if limits.finite_only:
-            return json.loads(text, parse_constant=_none, parse_float=_finite_or_none)
-        return json.loads(text)
+        document = (_FINITE_DECODER if limits.finite_only else _DECODER).decode(text)
+        if small:
+            _walk_shape(document, limits)
+        return document
     except UntrustedJsonError:
         raise
     except UnicodeError:
