@@ -61,12 +61,19 @@ __all__ = [
 # lines. Start small and enlarge only when the decoder says the log was cut.
 FIRST_TAIL_LINES = 400
 MAX_TAIL_LINES = 25_600
+# Windows count the lines of the runtime's log file, where a line longer than
+# 16 KiB is split into pieces of 16 KiB (containerd, CRI-O): the kubelet's
+# (and kwok's) tailLines counts the pieces, so a results marker is 3 lines.
+RUNTIME_LINE_BYTES = 16 * 1024
 # The driver writes the results markers (protocol.MAX_RESULTS_CHUNKS at most)
 # and the completed marker last, with a few notes at most after them: this
-# window holds them all. It is read instead when the first window held more
-# bytes than a read may take (a long line before the results, such as tqdm's
-# redraws of a long run, which end in a single newline).
-RESULTS_TAIL_LINES = protocol.MAX_RESULTS_CHUNKS + 16
+# window (115 lines) holds them all, and fits a results read's byte limit
+# (115 pieces of 16 KiB are 1.8 MiB). It is read instead when the first
+# window held more bytes than a read may take (long lines before the
+# results, such as the tqdm redraws of a long run, which end in one newline).
+RESULTS_TAIL_LINES = (
+    -(-protocol.MAX_RESULTS_MARKER_CHARS // RUNTIME_LINE_BYTES) * protocol.MAX_RESULTS_CHUNKS + 16
+)
 # Progress markers are rate-limited by the driver; the newest is near the end.
 PROGRESS_TAIL_LINES = 60
 # Queued jobs whose status names their exact place (see queue_message).

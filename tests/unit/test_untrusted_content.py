@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api, decide
-from poller.cycle import MAX_LOG_ROUNDS
+from poller.cycle import LOG_READ_RESULTS_BYTES, MAX_LOG_ROUNDS
 from poller.draft import StatusDraft
 from poller.model import DeleteJob, ExecView, JobView, LogView, ReadLog, StoreResults
 from poller.results import parse_scores
@@ -58,7 +58,8 @@ def test_a_cut_first_window_is_read_again_narrower() -> None:
         job(running_status()), FINISHED, SETTINGS, NOW, read(NO_RESULTS, 400, cut=True)
     )
     assert first.actions == [ReadLog("eval-abc123", "lmeval", decide.RESULTS_TAIL_LINES)]
-    assert decide.RESULTS_TAIL_LINES == 49
+    assert decide.RESULTS_TAIL_LINES == 115
+    assert decide.RESULTS_TAIL_LINES * decide.RUNTIME_LINE_BYTES <= LOG_READ_RESULTS_BYTES
 
 
 def test_a_cut_window_is_never_widened_and_the_failure_says_why() -> None:
