@@ -99,24 +99,26 @@ _PARSE_FIRST_BELOW = 64 * 1024
 
 
 def _walk_shape(document: Any, limits: JsonLimits) -> None:
-    """Raise unless parsed `document` nests and branches within `limits` (stops early)."""
+    """Raise unless parsed `document` nests and branches within `limits` (stops early).
+
+    Level by level, and only containers are visited: a flat object (a log
+    marker) is one pass over its values.
+    """
     elements = 1
-    stack: list[tuple[Any, int]] = [(document, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            children: Any = value.values()
-            elements += 2 * len(value)
-        elif isinstance(value, list):
-            children = value
-            elements += len(value)
-        else:
-            continue
-        if depth + 1 > limits.max_depth:
+    level = [document] if isinstance(document, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limits.max_depth:
             raise UntrustedJsonError(f"JSON nested deeper than {limits.max_depth} levels")
+        below: list[Any] = []
+        for container in level:
+            values = container.values() if isinstance(container, dict) else container
+            elements += len(container) * (2 if isinstance(container, dict) else 1)
+            below.extend(value for value in values if isinstance(value, dict | list))
         if elements > limits.max_elements:
             raise UntrustedJsonError(f"more than {limits.max_elements} JSON elements")
-        stack.extend((child, depth + 1) for child in children)
+        level = below
 
 
 def parse_untrusted_json(raw: bytes | str, limits: JsonLimits) -> Any:
