@@ -52,6 +52,7 @@ __all__ = [
     "MAX_TAIL_LINES",
     "PROGRESS_TAIL_LINES",
     "RESULTS_TAIL_LINES",
+    "TASKS_IN_MESSAGE",
     "decide",
     "decide_failure",
     "queue_message",
@@ -76,6 +77,9 @@ RESULTS_TAIL_LINES = (
 )
 # Progress markers are rate-limited by the driver; the newest is near the end.
 PROGRESS_TAIL_LINES = 60
+# Task names the status message of a finished job lists (a results JSON may
+# name thousands: the message is in every LIST of jobs).
+TASKS_IN_MESSAGE = 20
 # Queued jobs whose status names their exact place (see queue_message).
 EXACT_QUEUE_POSITIONS = 10
 # Waiting reasons that only resolve when someone acts; they still fail only
@@ -369,7 +373,10 @@ def _store_results(
         results_source=source,
     )
     scores = found.get("results")
-    tasks = ", ".join(sorted(scores.keys())) if isinstance(scores, dict) else ""
+    names = sorted(scores.keys()) if isinstance(scores, dict) else []
+    tasks = ", ".join(names[:TASKS_IN_MESSAGE])
+    if len(names) > TASKS_IN_MESSAGE:
+        tasks += f", ... ({len(names)} tasks)"
     draft.fields["message"] = f"evaluation finished: {tasks}"
     return StoreResults(
         results.results_configmap(

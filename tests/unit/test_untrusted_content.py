@@ -7,13 +7,17 @@ cycle's MAX_LOG_ROUNDS reads; exec'd results that are deep or junk fall back
 to the log; progress markers with NaN, Infinity, huge or out-of-range numbers
 never reach a status, and every status drafted from them serialises as
 strict JSON; a job whose status.results is deeply nested, huge or junk still
-gets a view (no scores) and is deleted by its TTL.
+gets a view (no scores) and is deleted by its TTL; results with thousands
+of tasks are reduced in linear time, their scores and the task names in the
+message capped, and a "results" that is not an object still ends the job.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import time
 from typing import Any
 
 import pytest
@@ -22,7 +26,7 @@ from hypothesis import strategies as st
 
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
-from poller import api, decide
+from poller import api, decide, results
 from poller.cycle import LOG_READ_RESULTS_BYTES, MAX_LOG_ROUNDS
 from poller.draft import StatusDraft
 from poller.model import DeleteJob, ExecView, JobView, LogView, ReadLog, StoreResults
@@ -226,3 +230,37 @@ def test_scores_are_still_read_from_real_results() -> None:
     }
     with_nan = parse_scores('{"results": {"t": {"acc,none": NaN}}}')
     assert len(with_nan) == 1 and with_nan[0].value != with_nan[0].value
+
+
+# -- results the job author shaped ---------------------------------------------------
+
+
+def test_reducing_thousands_of_tasks_is_linear_and_exact() -> None:
+    many = {"results": {f"task_{i:06d}": {"acc,none": i / 10**5} for i in range(32_000)}}
+    started = time.perf_counter()
+    text, reduced = results.reduce_results(many)
+    assert time.perf_counter() - started < 5  # was 25 s of CPU for 8000 tasks
+    assert reduced and len(text.encode()) <= results.STATUS_RESULTS_BUDGET
+    kept = json.loads(text)
+    count = len(kept["results"])
+    assert kept["truncated"] is True and 1000 < count < 32_000
+    kept["results"][f"task_{count:06d}"] = many["results"][f"task_{count:06d}"]
+    assert len(json.dumps(kept, separators=(",", ":"))) > results.STATUS_RESULTS_BUDGET
+
+
+def test_results_whose_results_are_not_an_object_still_end_the_job() -> None:
+    odd = {"results": [1, 2, 3], "pad": os.urandom(200_000).hex()}  # over the status budget
+    view = LogView(decode_lines(completed_log(odd)), 400, lines_read=4)
+    decision = decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view)
+    status = status_of(decision)
+    assert status.reason == api.JobReason.SUCCEEDED
+    assert json.loads(status.results or "") == {"results": {}, "truncated": True}
+
+
+def test_scores_and_task_names_are_capped() -> None:
+    many = {"results": {f"t{i:05d}": {"acc,none": 0.5, "f1,none": 0.25} for i in range(5000)}}
+    assert len(parse_scores(json.dumps(many))) == results.MAX_SCORES_PER_JOB
+    view = LogView(decode_lines(completed_log(many)), 400, lines_read=4)
+    status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
+    assert status.message is not None and status.message.endswith(", ... (5000 tasks)")
+    assert status.message.count(",") == decide.TASKS_IN_MESSAGE
