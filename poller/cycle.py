@@ -408,7 +408,16 @@ class Poller:
             labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
             extra_data={results.LOG_ARCHIVE_KEY: tail},
         )
-        self.kube.apply_configmap(manifest, merge=True)
+        try:
+            self.kube.apply_configmap(manifest, merge=True)
+        except ApiError as error:
+            if error.status is None or error.status >= 500 or error.status == 429:
+                raise  # transient: archive (and delete) next cycle
+            # Refused for good (with large results, the ConfigMap would pass
+            # its size limit): the pod's deletion must not wait on it forever.
+            log.warning(
+                "log archive of %s/%s not kept: %s", job.namespace, job.name, _api_message(error)
+            )
 
     def _archive_tail(self, job: JobView, action: ArchiveLog) -> str:
         """The log's last `max_bytes`, from the widest window that fits the read limit."""

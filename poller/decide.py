@@ -19,6 +19,7 @@ imports nothing from `kubernetes`.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal as signals
 
 from pydantic import ValidationError
@@ -378,15 +379,28 @@ def _store_results(
     if len(names) > TASKS_IN_MESSAGE:
         tasks += f", ... ({len(names)} tasks)"
     draft.fields["message"] = f"evaluation finished: {tasks}"
-    return StoreResults(
-        results.results_configmap(
+    manifest = results.results_configmap(
+        namespace=job.namespace,
+        job_name=job.name,
+        job_uid=job.uid,
+        results=found,
+        labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
+    )
+    size = results.configmap_data_bytes(manifest)
+    if size > results.CONFIGMAP_DATA_MAX:
+        # The apiserver would refuse it, every cycle: keep what status keeps.
+        manifest = results.results_configmap(
             namespace=job.namespace,
             job_name=job.name,
             job_uid=job.uid,
-            results=found,
+            results=json.loads(text),
             labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
         )
-    )
+        draft.fields["message"] += (
+            f" (the full results, {size} bytes compressed, exceed what a ConfigMap holds: "
+            f"{results.results_configmap_name(job.name)} holds the reduced results)"
+        )
+    return StoreResults(manifest)
 
 
 def _holding(

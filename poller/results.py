@@ -24,11 +24,13 @@ from driver.protocol import parse_results_json
 from poller import api
 
 __all__ = [
+    "CONFIGMAP_DATA_MAX",
     "LOG_ARCHIVE_KEY",
     "MAX_SCORES_PER_JOB",
     "RESULTS_KEY",
     "STATUS_RESULTS_BUDGET",
     "Score",
+    "configmap_data_bytes",
     "parse_scores",
     "reduce_results",
     "results_configmap",
@@ -42,6 +44,11 @@ STATUS_RESULTS_BUDGET = 256 * 1024
 # author could otherwise make 256 KB of status into about 10,000 series.
 MAX_SCORES_PER_JOB = 1000
 CONFIGMAP_TEXT_LIMIT = 900 * 1024
+# What the apiserver accepts in one ConfigMap's data and binaryData together.
+# Results whose compressed form is larger (possible for exec'd results, up to
+# protocol.MAX_RESULTS_BYTES of text that need not compress) are stored
+# reduced, as in status: a refused write would be retried every cycle.
+CONFIGMAP_DATA_MAX = 1024 * 1024
 RESULTS_KEY = "results.json"
 LOG_ARCHIVE_KEY = "log-tail.txt"
 # Dropped in this order until the JSON fits: echoed configs first, then
@@ -145,6 +152,13 @@ def results_configmap(
     if binary:
         manifest["binaryData"] = binary
     return manifest
+
+
+def configmap_data_bytes(manifest: dict[str, Any]) -> int:
+    """The size the apiserver counts against CONFIGMAP_DATA_MAX (binaryData decoded)."""
+    text = sum(len(value.encode()) for value in (manifest.get("data") or {}).values())
+    binary = sum(len(value) * 3 // 4 for value in (manifest.get("binaryData") or {}).values())
+    return text + binary
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ never reach a status, and every status drafted from them serialises as
 strict JSON; a job whose status.results is deeply nested, huge or junk still
 gets a view (no scores) and is deleted by its TTL; results with thousands
 of tasks are reduced in linear time, their scores and the task names in the
-message capped, and a "results" that is not an object still ends the job.
+message capped, and a "results" that is not an object still ends the job;
+results too large for a ConfigMap are stored reduced, and a refused log
+archive does not stop a pod's deletion.
 """
 
 from __future__ import annotations
@@ -27,9 +29,18 @@ from hypothesis import strategies as st
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api, decide, results
-from poller.cycle import LOG_READ_RESULTS_BYTES, MAX_LOG_ROUNDS
+from poller.cycle import LOG_READ_RESULTS_BYTES, MAX_LOG_ROUNDS, Poller
 from poller.draft import StatusDraft
-from poller.model import DeleteJob, ExecView, JobView, LogView, ReadLog, StoreResults
+from poller.kube import ApiError, LogTail
+from poller.model import (
+    ArchiveLog,
+    DeleteJob,
+    ExecView,
+    JobView,
+    LogView,
+    ReadLog,
+    StoreResults,
+)
 from poller.results import parse_scores
 from poller.settings import Settings
 from tests import hostile_logs
@@ -264,3 +275,36 @@ def test_scores_and_task_names_are_capped() -> None:
     status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
     assert status.message is not None and status.message.endswith(", ... (5000 tasks)")
     assert status.message.count(",") == decide.TASKS_IN_MESSAGE
+
+
+def test_results_too_large_for_a_configmap_are_stored_reduced() -> None:
+    # Exec'd results need not compress: 6 MB of random hex is 3 MB gzip'd.
+    text = json.dumps({"results": {"toy": {"acc,none": 0.5}}, "pad": os.urandom(3 << 20).hex()})
+    held = LogView(decode_lines(completed_log()), 400, lines_read=3)
+    decision = decide.decide(
+        job(running_status()), pod(), EXEC, NOW, held, exec_view=ExecView(text)
+    )
+    stored = next(a for a in decision.actions if isinstance(a, StoreResults))
+    assert results.configmap_data_bytes(stored.manifest) <= results.CONFIGMAP_DATA_MAX
+    data = json.loads(stored.manifest["data"][results.RESULTS_KEY])
+    assert data["results"] == {"toy": {"acc,none": 0.5}} and data["truncated"] is True
+    status = status_of(decision)
+    assert status.results_source == "exec" and status.message is not None
+    assert "exceed what a ConfigMap holds" in status.message
+
+
+class RefusingKube:
+    """Reads a short log; refuses every ConfigMap as too large (422)."""
+
+    def read_log_tail(
+        self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int
+    ) -> LogTail:
+        return LogTail(b"last words\n", cut=False)
+
+    def apply_configmap(self, manifest: dict[str, Any], *, merge: bool = False) -> None:
+        raise ApiError(422, "Unprocessable Entity", '{"message": "data: Too long"}')
+
+
+def test_a_refused_log_archive_does_not_stop_the_pods_deletion() -> None:
+    poller = Poller(RefusingKube(), settings_namespace="lmeval-system")  # type: ignore[arg-type]
+    poller._archive_log(job(running_status()), ArchiveLog("eval-abc123", "lmeval", 1024))
