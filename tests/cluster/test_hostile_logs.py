@@ -9,7 +9,8 @@ what was wrong, and no cycle counts an error. A NaN progress marker leaves
 the job running, with no percentage, until it completes. A log whose long
 lines come before the results still succeeds (the narrower window). And a
 finished job whose status.results an admin set to deeply nested JSON is
-still deleted by its TTL.
+still deleted by its TTL. In exec mode, a results file over the limit is not
+read past it (kwok's exec serves a 9 MiB file) and the log's results are used.
 """
 
 from __future__ import annotations
@@ -226,3 +227,38 @@ def test_an_admin_written_deep_status_results_does_not_stop_the_ttl(
 def _terminated(jobs: Jobs, pod: str) -> bool:
     statuses = jobs.core.read_namespaced_pod(pod, jobs.namespace).status.container_statuses
     return any(s.state.terminated for s in statuses or [])
+
+
+def test_an_exec_results_file_over_the_limit_is_not_read_and_the_log_is_used(
+    poller: Poller,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    set_settings(admin_api, {**BASE_SETTINGS, "results-source": "exec"})
+    big = tmp_path / "results.json"
+    big.write_text('{"results": {}, "pad": "' + "z" * (9 * 1024 * 1024) + '"}')
+    pod = running_pod(poller, jobs, "held")
+    client.CustomObjectsApi(admin_api).create_namespaced_custom_object(
+        "kwok.x-k8s.io",
+        "v1alpha1",
+        jobs.namespace,
+        "execs",
+        kwok.exec_body(jobs.namespace, pod, tmp_path, env={"PATH": "/usr/bin:/bin"}),
+    )
+    raw = json.dumps(RESULTS).encode()
+    log = [
+        encode_marker("started", run_id="r"),
+        *encode_results(raw, "r"),
+        encode_marker("completed", run_id="r", exit_code=0, results_path=str(big)),
+    ]
+    serve(admin_api, jobs.namespace, pod, "\n".join(log) + "\n", tmp_path)
+    stored = cycle_until(
+        poller,
+        lambda: jobs.status("held").get("results") and jobs.status("held"),
+        what="results read while held",
+    )
+    assert stored["resultsSource"] == "log"
+    assert json.loads(stored["results"]) == RESULTS
+    assert "results file larger than 8388608 bytes; reading the log instead" in caplog.text
