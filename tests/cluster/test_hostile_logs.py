@@ -103,7 +103,7 @@ def results_log() -> str:
 HOSTILE: dict[str, tuple[Callable[[], str], str, int]] = {
     "zip-bomb": (
         hostile_logs.zip_bomb_log,
-        "a results set of 45 chunks exceeds the 33 chunk limit",
+        "chunks exceeds the 33 chunk limit (1048576 encoded characters)",
         CRI_SPLIT,
     ),
     "small-zip-bomb": (

@@ -294,7 +294,7 @@ def _as_line(body: dict[str, Any], cri: bool) -> str:
     return f"2026-01-01T00:00:00Z stdout {'P' if cri else 'F'} {line}" if cri else line
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.lists(
         st.one_of(
