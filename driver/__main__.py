@@ -133,7 +133,7 @@ def _decode(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     import json
 
-    from driver.protocol import decode_stream
+    from driver.decoder import decode_stream
 
     try:
         if args.file is None or args.file == "-":

@@ -328,7 +328,7 @@ class Run:
         import json
         import shutil
 
-        from driver.protocol import MAX_RESULTS_BYTES, encode_results
+        from driver.protocol import encode_results
 
         source = find_results(self.run_dir)
         if source is None:
@@ -357,13 +357,12 @@ class Run:
             "results_size": len(raw),
             "results_sha256": hashlib.sha256(raw).hexdigest(),
         }
-        if len(raw) > MAX_RESULTS_BYTES:
-            fields["results_chunks"] = 0
-            fields["results_note"] = (
-                f"results of {len(raw)} bytes are too large for the log; read {stable}"
-            )
-        else:
+        try:
             chunks = encode_results(raw, self.run_id)
+        except ValueError as exc:  # over the protocol's limits: the poller would refuse them
+            fields["results_chunks"] = 0
+            fields["results_note"] = f"{exc}: too large for the log; read {stable}"
+        else:
             fields["results_chunks"] = len(chunks)
             for line in chunks:
                 self.sink.marker(line)

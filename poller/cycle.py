@@ -29,12 +29,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from driver.protocol import decode_text
+from driver.decoder import decode_bytes
+from driver.protocol import MAX_RESULTS_BYTES
 from poller import decide as decisions
 from poller import podspec, poison, results, tasksnapshot
 from poller.api import JobState
 from poller.identity import PodProof, load_or_create_key
-from poller.kube import ApiError, Conflict, Kube, NotFound, NotOwned
+from poller.kube import ApiError, Conflict, Kube, LogTail, NotFound, NotOwned
 from poller.model import (
     ArchiveLog,
     CreatePod,
@@ -56,6 +57,7 @@ from poller.model import (
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.queue import plan_queue
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
+from poller.transport import ExecOutputTooLarge
 
 __all__ = ["CycleReport", "Poller", "utc_now"]
 
@@ -68,8 +70,23 @@ MAX_LOG_ROUNDS = 4
 OPENSHIFT_UID_RANGE = "openshift.io/sa.scc.uid-range"
 # Jobs acting at once in a cycle (each one's own requests stay in order).
 ACTION_WORKERS = 4
-# Enough lines to hold log-archive-bytes of ordinary output.
-ARCHIVE_TAIL_LINES = 5000
+# Byte limits of the reads of a job pod's log, whose author controls it; sent
+# as limitBytes and enforced while reading. Results: the encoded results
+# (protocol.MAX_ENCODED_RESULTS_CHARS, 1 MiB) with their markers' fields,
+# and as much again for the lines around them.
+LOG_READ_RESULTS_BYTES = 2 * 1024 * 1024
+# Progress: 60 lines of ordinary output (a few hundred bytes each) and markers.
+LOG_READ_PROGRESS_BYTES = 128 * 1024
+LOG_READ_BYTES = {"results": LOG_READ_RESULTS_BYTES, "progress": LOG_READ_PROGRESS_BYTES}
+# The log archive: twice the largest log-archive-bytes (512 KiB), so that a
+# window of ordinary lines is kept whole; its last log-archive-bytes are stored.
+LOG_READ_ARCHIVE_BYTES = 1024 * 1024
+# Windows of lines tried for the archive, narrower each time the previous one
+# held more than LOG_READ_ARCHIVE_BYTES (the kubelet keeps a window's head, so
+# only a narrower window reaches the log's real end).
+ARCHIVE_TAIL_LINES = (5000, 500, 50)
+# Exec'd results: the protocol's limit on results, whatever their source.
+EXEC_RESULTS_MAX_BYTES = MAX_RESULTS_BYTES
 
 
 def utc_now() -> dt.datetime:
@@ -399,10 +416,7 @@ class Poller:
             elif isinstance(action, StoreResults):
                 store_problem = self._store_results(job, action)
             elif isinstance(action, ArchiveLog):
-                try:
-                    self._archive_log(job, action)
-                except NotOwned as error:  # the archive is best effort; deletion goes on
-                    log.warning("log of %s/%s not archived: %s", job.namespace, job.name, error)
+                self._archive_log(job, action)
             elif isinstance(action, DeletePod):
                 self.kube.delete_pod(job.namespace, action.name)
             elif isinstance(action, DeleteJob):
@@ -427,8 +441,16 @@ class Poller:
         """cat the results file in the held container; errors make an empty view."""
         try:
             code, out, err = self.kube.exec_in_pod(
-                job.namespace, action.pod, action.container, ["cat", action.path]
+                job.namespace,
+                action.pod,
+                action.container,
+                ["cat", action.path],
+                max_stdout=EXEC_RESULTS_MAX_BYTES,
             )
+        except ExecOutputTooLarge:
+            why = f"results file larger than {EXEC_RESULTS_MAX_BYTES} bytes"
+            log.warning("%s/%s: %s; reading the log instead", job.namespace, job.name, why)
+            return ExecView(None, why)
         except Exception as error:  # exec is best effort: the log is the fallback
             return ExecView(None, f"exec failed: {error}")
         if code not in (0, None) or not out:
@@ -444,12 +466,9 @@ class Poller:
     def _archive_log(self, job: JobView, action: ArchiveLog) -> None:
         """Keep the log's last bytes; a log that cannot be read is noted, not fatal."""
         try:
-            text = self.kube.read_log_tail(
-                job.namespace, action.pod, action.container, ARCHIVE_TAIL_LINES
-            )
+            tail = self._archive_tail(job, action)
         except Exception as error:  # the archive is best effort; deletion goes on
-            text = f"(the pod log could not be read before deletion: {error})"
-        tail = text.encode()[-action.max_bytes :].decode("utf-8", errors="ignore")
+            tail = f"(the pod log could not be read before deletion: {error})"
         manifest = results.results_configmap(
             namespace=job.namespace,
             job_name=job.name,
@@ -458,21 +477,56 @@ class Poller:
             labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
             extra_data={results.LOG_ARCHIVE_KEY: tail},
         )
-        self.kube.apply_configmap(manifest, merge=True)
+        try:
+            self.kube.apply_configmap(manifest, merge=True)
+        except NotOwned as error:  # someone else's ConfigMap under that name: never touched
+            log.warning("log of %s/%s not archived: %s", job.namespace, job.name, error)
+        except ApiError as error:
+            if error.status is None or error.status >= 500 or error.status == 429:
+                raise  # transient: archive (and delete) next cycle
+            # Refused for good (with large results, the ConfigMap would pass
+            # its size limit): the pod's deletion must not wait on it forever.
+            log.warning(
+                "log archive of %s/%s not kept: %s", job.namespace, job.name, _api_message(error)
+            )
+
+    def _archive_tail(self, job: JobView, action: ArchiveLog) -> str:
+        """The log's last `max_bytes`, from the widest window that fits the read limit."""
+        read: LogTail | None = None
+        for lines in ARCHIVE_TAIL_LINES:
+            read = self.kube.read_log_tail(
+                job.namespace, action.pod, action.container, lines, LOG_READ_ARCHIVE_BYTES
+            )
+            if not read.cut:
+                break
+        assert read is not None
+        kept = read.data[-action.max_bytes :].decode("utf-8", errors="ignore")
+        if read.cut:
+            kept += (
+                f"\n(the log's last {ARCHIVE_TAIL_LINES[-1]} lines exceed "
+                f"{LOG_READ_ARCHIVE_BYTES} bytes: the log's end is not shown)\n"
+            )
+        return kept
 
     def _read_log(self, job: JobView, request: ReadLog) -> LogView:
+        limit = LOG_READ_BYTES.get(request.purpose, LOG_READ_PROGRESS_BYTES)
         try:
-            text = self.kube.read_log_tail(
-                job.namespace, request.pod, request.container, request.tail_lines
+            read = self.kube.read_log_tail(
+                job.namespace, request.pod, request.container, request.tail_lines, limit
             )
         except NotFound as error:
-            return LogView(decode_text(""), request.tail_lines, unavailable=str(error))
+            return LogView(decode_bytes(b""), request.tail_lines, unavailable=str(error))
         except ApiError as error:
             if error.status is None or error.status >= 500 or error.status == 429:
                 raise  # transient: read again next cycle
             # The log is gone for good (node lost, pod evicted, ...): decide without it.
-            return LogView(decode_text(""), request.tail_lines, unavailable=_api_message(error))
-        return LogView(decode_text(text), request.tail_lines, lines_read=text.count("\n"))
+            return LogView(decode_bytes(b""), request.tail_lines, unavailable=_api_message(error))
+        return LogView(
+            decode_bytes(read.data),
+            request.tail_lines,
+            lines_read=read.data.count(b"\n"),
+            cut_at=limit if read.cut else None,
+        )
 
     def _create_pod(
         self, job: JobView, action: CreatePod, now: dt.datetime, report: CycleReport

@@ -53,6 +53,8 @@ __all__ = [
     "FIRST_TAIL_LINES",
     "MAX_TAIL_LINES",
     "PROGRESS_TAIL_LINES",
+    "RESULTS_TAIL_LINES",
+    "TASKS_IN_MESSAGE",
     "decide",
     "decide_failure",
     "queue_message",
@@ -62,8 +64,24 @@ __all__ = [
 # lines. Start small and enlarge only when the decoder says the log was cut.
 FIRST_TAIL_LINES = 400
 MAX_TAIL_LINES = 25_600
+# Windows count the lines of the runtime's log file, where a line longer than
+# 16 KiB is split into pieces of 16 KiB (containerd, CRI-O): the kubelet's
+# (and kwok's) tailLines counts the pieces, so a results marker is 3 lines.
+RUNTIME_LINE_BYTES = 16 * 1024
+# The driver writes the results markers (protocol.MAX_RESULTS_CHUNKS at most)
+# and the completed marker last, with a few notes at most after them: this
+# window (115 lines) holds them all, and fits a results read's byte limit
+# (115 pieces of 16 KiB are 1.8 MiB). It is read instead when the first
+# window held more bytes than a read may take (long lines before the
+# results, such as the tqdm redraws of a long run, which end in one newline).
+RESULTS_TAIL_LINES = (
+    -(-protocol.MAX_RESULTS_MARKER_CHARS // RUNTIME_LINE_BYTES) * protocol.MAX_RESULTS_CHUNKS + 16
+)
 # Progress markers are rate-limited by the driver; the newest is near the end.
 PROGRESS_TAIL_LINES = 60
+# Task names the status message of a finished job lists (a results JSON may
+# name thousands: the message is in every LIST of jobs).
+TASKS_IN_MESSAGE = 20
 # Queued jobs whose status names their exact place (see queue_message).
 EXACT_QUEUE_POSITIONS = 10
 # Waiting reasons that only resolve when someone acts; they still fail only
@@ -312,10 +330,10 @@ def _complete(
     if log is None:
         return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, FIRST_TAIL_LINES)])
     decoded = log.decoded
-    # A full window may have cut the results off at its front: read more.
-    window_full = log.lines_read >= log.tail_lines and log.tail_lines < MAX_TAIL_LINES
-    if pod.main.exit_code == 0 and decoded.results is None and window_full:
-        return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, log.tail_lines * 4)])
+    if pod.main.exit_code == 0 and decoded.results is None:
+        retry = _results_window(log)
+        if retry is not None:
+            return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, retry)])
 
     draft = StatusDraft(job, now)
     actions: list[Action] = []
@@ -326,6 +344,11 @@ def _complete(
         draft.finish(R.SUCCEEDED, draft.fields["message"])
     elif exit_code == 0:
         why = f"log unavailable: {log.unavailable}" if log.unavailable else decoded.results_error
+        if log.cut_at is not None:
+            why = (
+                f"the log window (its last {log.tail_lines} lines) exceeded {log.cut_at} bytes, "
+                f"so its end could not be read ({why})"
+            )
         draft.finish(R.FAILED, f"lm_eval exited 0 but the pod log holds no results: {why}")
     elif pod.deleting and exit_code != 0:
         # Deleted by someone else (the poller's own deletions end the job first):
@@ -347,6 +370,25 @@ def _complete(
     return Decision(draft.actions(before=actions))
 
 
+def _results_window(log: LogView) -> int | None:
+    """The window of lines to read next for results missing from `log`, or None.
+
+    Never wider after a read that bytes cut (the kubelet keeps a window's
+    head, so a wider one would be cut sooner): the narrow results window
+    instead, once, from the first window. A full window that bytes did not
+    cut may have started inside the results: four times wider, up to
+    MAX_TAIL_LINES, but never after the narrow window. Every path ends
+    within the cycle's MAX_LOG_ROUNDS reads (400, 1600, 6400, 25600).
+    """
+    if log.cut_at is not None:
+        narrower = log.tail_lines == FIRST_TAIL_LINES
+        return RESULTS_TAIL_LINES if narrower else None
+    window_full = log.lines_read >= log.tail_lines and log.tail_lines < MAX_TAIL_LINES
+    if window_full and log.tail_lines != RESULTS_TAIL_LINES:
+        return log.tail_lines * 4
+    return None
+
+
 def _store_results(
     job: JobView, draft: StatusDraft, found: dict[str, object], source: str
 ) -> StoreResults:
@@ -359,17 +401,33 @@ def _store_results(
         results_source=source,
     )
     scores = found.get("results")
-    tasks = ", ".join(sorted(scores.keys())) if isinstance(scores, dict) else ""
+    names = sorted(scores.keys()) if isinstance(scores, dict) else []
+    tasks = ", ".join(names[:TASKS_IN_MESSAGE])
+    if len(names) > TASKS_IN_MESSAGE:
+        tasks += f", ... ({len(names)} tasks)"
     draft.fields["message"] = f"evaluation finished: {tasks}"
-    return StoreResults(
-        results.results_configmap(
+    manifest = results.results_configmap(
+        namespace=job.namespace,
+        job_name=job.name,
+        job_uid=job.uid,
+        results=found,
+        labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
+    )
+    size = results.configmap_data_bytes(manifest)
+    if size > results.CONFIGMAP_DATA_MAX:
+        # The apiserver would refuse it, every cycle: keep what status keeps.
+        manifest = results.results_configmap(
             namespace=job.namespace,
             job_name=job.name,
             job_uid=job.uid,
-            results=found,
+            results=json.loads(text),
             labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
         )
-    )
+        draft.fields["message"] += (
+            f" (the full results, {size} bytes compressed, exceed what a ConfigMap holds: "
+            f"{results.results_configmap_name(job.name)} holds the reduced results)"
+        )
+    return StoreResults(manifest)
 
 
 def _holding(
@@ -392,9 +450,8 @@ def _holding(
         found: dict[str, object] | None = None
         if exec_view is not None and exec_view.text:
             try:
-                parsed = json.loads(exec_view.text)
-                found = parsed if isinstance(parsed, dict) else None
-            except ValueError:
+                found = protocol.parse_results_json(exec_view.text)
+            except ValueError:  # junk, or over the limits: the log is the fallback
                 found = None
         source = "exec"
         if found is None:

@@ -13,6 +13,7 @@ generation the condition reflects. Pure: no I/O, no clock of its own.
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 from poller import api
 from poller.model import Action, JobView, PatchStatus, PostEvent, format_time
@@ -22,6 +23,20 @@ __all__ = ["StatusDraft", "set_condition"]
 C = api.ConditionType
 S = api.JobState
 R = api.JobReason
+
+# Progress text kept in status (the driver sends at most 160 characters of phase).
+MAX_PHASE_CHARS = 200
+
+
+def _finite(value: object) -> float | None:
+    """`value` as a finite float; None for anything else (bool, text, NaN, 1e999, 10**400)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def set_condition(
@@ -98,20 +113,27 @@ class StatusDraft:
             self.condition(C.SUSPENDED, False, "Finished", message)
 
     def progress(self, marker: dict[str, object]) -> None:
-        """Take a driver progress marker (untrusted: only its numbers and a short text)."""
-        percent = marker.get("percent")
-        phase = str(marker.get("phase") or "")
+        """Take a driver progress marker (untrusted: only its numbers and a short text).
+
+        A number that is not finite (NaN or Infinity, which JSON cannot carry
+        in a status patch), or not between 0 and 100 for the percentage, is
+        left out rather than written.
+        """
+        value = _finite(marker.get("percent"))
+        if value is not None and not 0.0 <= value <= 100.0:
+            value = None
+        phase = str(marker.get("phase") or "")[:MAX_PHASE_CHARS]
         n, total = marker.get("n"), marker.get("total")
-        value = float(percent) if isinstance(percent, int | float) else None
-        counts = f" ({n}/{total})" if n is not None and total is not None else ""
+        finite = _finite(n) is not None and _finite(total) is not None
+        counts = f" ({n}/{total})" if finite else ""
         line = f"{value:.0f}% {phase}{counts}".strip() if value is not None else phase
         current = self.fields.get("progress") or {}
-        if current.get("percent") == value and current.get("phase") == phase:
+        if current.get("percent") == value and current.get("phase") == (phase or None):
             return
         self.fields["progress"] = {
             "percent": value,
             "phase": phase or None,
-            "line": line[:200] or None,
+            "line": line[:MAX_PHASE_CHARS] or None,
             "update_time": self.now,
         }
 

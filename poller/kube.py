@@ -34,6 +34,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -41,9 +42,9 @@ from typing_extensions import TypedDict
 
 from poller import api
 from poller.model import JobObject, PodObject
-from poller.transport import ApiTransport, ExecRefused
+from poller.transport import EXEC_MAX_STDOUT_BYTES, ApiTransport, ExecOutputTooLarge, ExecRefused
 
-__all__ = ["ApiError", "Conflict", "Kube", "NotFound", "NotOwned"]
+__all__ = ["ApiError", "Conflict", "Kube", "LogTail", "NotFound", "NotOwned"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,21 @@ class ApiError(Exception):
         detail = message or self.body.strip()[:300]
         head = f"{self.status} {self.reason}"
         return f"{head}: {detail}" if detail else head
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """The end of a container log as read: whole lines, and whether bytes cut it."""
+
+    data: bytes
+    # The window of lines asked for held more than the byte limit; `data` is
+    # then its first complete lines within the limit (the apiserver's
+    # limitBytes keeps the head of a tailLines window, not its end).
+    cut: bool
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
 
 
 def _noop(verb: str, resource: str, code: str) -> None:
@@ -153,11 +169,12 @@ class Kube:
         query: dict[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        max_bytes: int | None = None,
     ) -> bytes:
         """One HTTP request; counted, and non-2xx turned into exceptions.
 
         Bodies go out as plain JSON and come back as bytes (lossless round
-        trips, and no model building).
+        trips, and no model building); at most `max_bytes` of them when given.
         """
         code = "error"
         try:
@@ -168,6 +185,7 @@ class Kube:
                 body=body,
                 content_type=content_type,
                 timeout=REQUEST_TIMEOUT,
+                max_bytes=max_bytes,
             )
             code = str(response.status)
         finally:
@@ -280,16 +298,28 @@ class Kube:
         items: list[dict[str, Any]] = _POD_PAGE.validate_json(raw).get("items") or []
         return items[0] if items else None
 
-    def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
-        """The last `tail_lines` lines of a container's log."""
+    def read_log_tail(
+        self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int
+    ) -> LogTail:
+        """The last `tail_lines` lines of a container's log, read up to `limit_bytes`.
+
+        The log is the job author's output: the byte limit is sent to the
+        kubelet (limitBytes) and also enforced here while reading, so that a
+        server that ignores it costs no more. One byte more is asked for, to
+        tell a window of exactly `limit_bytes` from a longer one.
+        """
         raw = self._request(
             "GET",
             f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
             verb="get",
             resource="pods/log",
-            query={"container": container, "tailLines": tail_lines},
+            query={"container": container, "tailLines": tail_lines, "limitBytes": limit_bytes + 1},
+            max_bytes=limit_bytes + 1,
         )
-        return raw.decode("utf-8", errors="replace")
+        if len(raw) <= limit_bytes:
+            return LogTail(raw, cut=False)
+        # Whole lines only: a line cut in two is not the line that was written.
+        return LogTail(raw[: raw.rfind(b"\n", 0, limit_bytes) + 1], cut=True)
 
     # -- writes ----------------------------------------------------------------
 
@@ -416,22 +446,34 @@ class Kube:
             )
 
     def exec_in_pod(
-        self, namespace: str, pod: str, container: str, argv: list[str], timeout: float = 30.0
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        argv: list[str],
+        timeout: float = 30.0,
+        max_stdout: int = EXEC_MAX_STDOUT_BYTES,
     ) -> tuple[int | None, str, str]:
         """Run `argv` (no shell) in a container; returns (exit code, stdout, stderr).
 
         The exit code is None when unknown (see `ApiTransport.exec`); a refused
-        upgrade raises NotFound (404) or ApiError.
+        upgrade raises NotFound (404) or ApiError; stdout beyond `max_stdout`
+        bytes raises ExecOutputTooLarge.
         """
         code = "error"
         try:
-            result = self.transport.exec(namespace, pod, container, argv, timeout=timeout)
+            result = self.transport.exec(
+                namespace, pod, container, argv, timeout=timeout, max_stdout=max_stdout
+            )
             code = "101"
         except ExecRefused as error:
             code = str(error.status)
             if error.status == 404:
                 raise NotFound(f"pods/exec {namespace}/{pod}: {error.body[:200]}") from None
             raise ApiError(error.status, error.reason, error.body) from None
+        except ExecOutputTooLarge:
+            code = "101"  # the upgrade succeeded; the output was refused here
+            raise
         finally:
             self.on_request("get", "pods/exec", code)
         return result

@@ -20,7 +20,7 @@ from typing import Any
 
 from typing_extensions import TypedDict
 
-from driver.protocol import DecodedLog
+from driver.decoder import DecodedLog
 from poller import api, results
 
 __all__ = [
@@ -363,6 +363,10 @@ class LogView:
     lines_read: int = 0
     # Why the log could not be read (the kubelet or node is gone, ...), if so.
     unavailable: str | None = None
+    # The read's byte limit when the window of lines held more bytes than it:
+    # only the window's first lines were decoded, and a wider window would
+    # only be cut sooner.
+    cut_at: int | None = None
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,17 @@ from dataclasses import dataclass
 from sys import intern
 from typing import Any
 
+from driver.protocol import parse_results_json
 from poller import api
 
 __all__ = [
+    "CONFIGMAP_DATA_MAX",
     "LOG_ARCHIVE_KEY",
+    "MAX_SCORES_PER_JOB",
     "RESULTS_KEY",
     "STATUS_RESULTS_BUDGET",
     "Score",
+    "configmap_data_bytes",
     "parse_scores",
     "reduce_results",
     "results_configmap",
@@ -34,7 +38,17 @@ __all__ = [
 ]
 
 STATUS_RESULTS_BUDGET = 256 * 1024
+# Scores read from one job's results (each becomes a metric series and a
+# Score kept for every listed job). lm_eval's largest suites have a few
+# hundred (MMLU: 62 tasks and groups, acc and its stderr each); a job's
+# author could otherwise make 256 KB of status into about 10,000 series.
+MAX_SCORES_PER_JOB = 1000
 CONFIGMAP_TEXT_LIMIT = 900 * 1024
+# What the apiserver accepts in one ConfigMap's data and binaryData together.
+# Results whose compressed form is larger (possible for exec'd results, up to
+# protocol.MAX_RESULTS_BYTES of text that need not compress) are stored
+# reduced, as in status: a refused write would be retried every cycle.
+CONFIGMAP_DATA_MAX = 1024 * 1024
 RESULTS_KEY = "results.json"
 LOG_ARCHIVE_KEY = "log-tail.txt"
 # Dropped in this order until the JSON fits: echoed configs first, then
@@ -74,14 +88,20 @@ def reduce_results(
             text = _dumps(reduced)
             if len(text.encode()) <= budget:
                 return text, True
-    # Still too large (thousands of tasks): keep the scores of as many tasks as fit.
+    # Still too large (thousands of tasks): keep the scores of as many tasks as
+    # fit. Sizes are added up task by task (re-serialising the kept scores for
+    # each task took 25 s of CPU for 8000 tasks: results are the job author's).
     scores: dict[str, Any] = {}
     kept: dict[str, Any] = {"results": scores, "truncated": True}
-    for task, metrics in (results.get("results") or {}).items():
-        scores[task] = metrics
-        if len(_dumps(kept).encode()) > budget:
-            del scores[task]
+    entries = results.get("results")
+    size = len(_dumps(kept).encode())
+    for task, metrics in (entries if isinstance(entries, dict) else {}).items():
+        # '"task":{...}' and the comma before it (none before the first).
+        entry = len(_dumps({task: metrics}).encode()) - 2 + (1 if scores else 0)
+        if size + entry > budget:
             break
+        scores[task] = metrics
+        size += entry
     return _dumps(kept), True
 
 
@@ -134,6 +154,13 @@ def results_configmap(
     return manifest
 
 
+def configmap_data_bytes(manifest: dict[str, Any]) -> int:
+    """The size the apiserver counts against CONFIGMAP_DATA_MAX (binaryData decoded)."""
+    text = sum(len(value.encode()) for value in (manifest.get("data") or {}).values())
+    binary = sum(len(value) * 3 // 4 for value in (manifest.get("binaryData") or {}).values())
+    return text + binary
+
+
 @dataclass(frozen=True, slots=True)
 class Score:
     """One score from lm_eval's results: ``results[task]["metric,filter"]``."""
@@ -152,15 +179,16 @@ def parse_scores(text: str | None) -> tuple[Score, ...]:
     ``"<metric>_stderr,filter"`` becomes a stderr score of ``<metric>``. Task
     entries come from ``results`` and, for group scores absent there, from
     ``groups``. Strings (``alias``, ``"N/A"`` stderr), booleans and keys without
-    a filter (``sample_len``) are not scores. Untrusted text: junk gives ().
+    a filter (``sample_len``) are not scores. Untrusted text (an admin may
+    write any status): junk, and anything over the protocol's limits on
+    results, gives () and never an exception; at most MAX_SCORES_PER_JOB
+    scores are read (tasks in name order).
     """
     if not text:
         return ()
     try:
-        document = json.loads(text)
-    except ValueError:
-        return ()
-    if not isinstance(document, dict):
+        document = parse_results_json(text)
+    except ValueError:  # junk, or deeper, wider or larger than results may be
         return ()
     tasks: dict[str, Any] = {}
     for section in ("groups", "results"):  # results win over groups
@@ -171,7 +199,9 @@ def parse_scores(text: str | None) -> tuple[Score, ...]:
     for task, entries in sorted(tasks.items()):
         if not isinstance(entries, dict):
             continue
-        for key, value in entries.items():
+        if len(scores) >= MAX_SCORES_PER_JOB:
+            break
+        for key, value in list(entries.items())[: MAX_SCORES_PER_JOB - len(scores)]:
             if not isinstance(key, str) or "," not in key:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):

@@ -38,9 +38,17 @@ import websocket
 from poller import kubeconfig
 from poller.kubeconfig import Endpoint
 
-__all__ = ["ApiTransport", "ExecRefused", "Response"]
+__all__ = ["ApiTransport", "ExecOutputTooLarge", "ExecRefused", "Response"]
 
 EXEC_PROTOCOLS = ["v5.channel.k8s.io", "v4.channel.k8s.io"]
+# What an exec may send back (the command runs in a job pod, whose author
+# controls its output). stdout beyond its limit ends the exec with
+# ExecOutputTooLarge; callers that expect more pass their own limit. stderr
+# and the status channel are only ever read for a message: cut, not refused.
+EXEC_MAX_STDOUT_BYTES = 1024 * 1024
+EXEC_MAX_STDERR_BYTES = 64 * 1024
+# Reads of a capped response body, in pieces of this size.
+_READ_PIECE = 64 * 1024
 # urllib3's default retries (connection errors, and read errors of idempotent requests),
 # but never a redirect: it would carry the token elsewhere.
 _RETRIES = urllib3.Retry(total=3, redirect=False, status=0, raise_on_redirect=False)
@@ -62,6 +70,14 @@ class ExecRefused(Exception):
     def __init__(self, status: int, reason: str, body: str) -> None:
         super().__init__(f"exec refused: {status} {reason}: {body[:300]}")
         self.status, self.reason, self.body = status, reason, body
+
+
+class ExecOutputTooLarge(Exception):
+    """An exec's stdout passed its limit; the exec was abandoned there."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"exec output larger than {limit} bytes")
+        self.limit = limit
 
 
 class ApiTransport:
@@ -162,14 +178,21 @@ class ApiTransport:
         content_type: str = "application/json",
         accept: str = "application/json",
         timeout: float = 30.0,
+        max_bytes: int | None = None,
     ) -> Response:
         """One request; never raises for an HTTP status (transport errors propagate).
 
         Query values that are None are left out, lists repeat the key; a body
-        that is not bytes is sent as JSON.
+        that is not bytes is sent as JSON, and never with NaN or Infinity in
+        it (JSON cannot carry them; the apiserver would refuse the body): a
+        ValueError says so before anything is sent. With `max_bytes`, at most
+        that many bytes of the response body are read, whatever the server
+        sends; the connection is dropped when more were on their way.
         """
         url = self._prefix + path + _query_string(query)
-        payload = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+        payload = (
+            body if body is None or isinstance(body, bytes) else _json_body(method, path, body)
+        )
         for attempt in (1, 2):
             pool, headers = self._prepare(accept)
             if payload is not None:
@@ -181,21 +204,33 @@ class ApiTransport:
                 headers=headers,
                 timeout=urllib3.Timeout(connect=timeout, read=timeout),
                 redirect=False,
-                preload_content=True,
+                preload_content=max_bytes is None,
             )
             if response.status != 401 or attempt == 2 or not self._refresh():
                 break
-        return Response(response.status, response.reason or "", response.headers, response.data)
+            if max_bytes is not None:
+                _read_at_most(response, 0)  # not read: let the connection go
+        data = response.data if max_bytes is None else _read_at_most(response, max_bytes)
+        return Response(response.status, response.reason or "", response.headers, data)
 
     def exec(
-        self, namespace: str, pod: str, container: str, argv: Sequence[str], *, timeout: float
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        max_stdout: int = EXEC_MAX_STDOUT_BYTES,
     ) -> tuple[int | None, str, str]:
         """Run `argv` (no shell) in a container: (exit code, stdout, stderr).
 
         The exit code is None when it is unknown: the command outlived
         `timeout` (seconds for the whole call), or the stream ended without a
         status, or the status is a failure without an exit code (its message
-        then ends stderr). Raises ExecRefused when the upgrade is refused.
+        then ends stderr). Raises ExecRefused when the upgrade is refused, and
+        ExecOutputTooLarge when stdout passes `max_stdout` bytes (stderr is
+        cut at EXEC_MAX_STDERR_BYTES).
         """
         deadline = time.monotonic() + timeout
         query = {"container": container, "stdin": False, "stdout": True, "stderr": True}
@@ -224,7 +259,7 @@ class ApiTransport:
                 body = (error.resp_body or b"").decode("utf-8", "replace")
                 raise ExecRefused(error.status_code, error.status_message or "", body) from None
             try:
-                return _read_exec(ws, deadline)
+                return _read_exec(ws, deadline, max_stdout)
             finally:
                 # Waits for the server's close frame, which is immediate unless the
                 # command is still running (it then goes with the connection).
@@ -280,9 +315,42 @@ def _query_string(query: Mapping[str, Any] | None) -> str:
     return f"?{urlencode(pairs)}" if pairs else ""
 
 
-def _read_exec(ws: websocket.WebSocket, deadline: float) -> tuple[int | None, str, str]:
+def _json_body(method: str, path: str, body: Any) -> bytes:
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except ValueError as error:  # a NaN or an infinity reached a body: a bug upstream
+        raise ValueError(
+            f"{method} {path}: the request body holds a number JSON cannot carry "
+            f"(NaN or Infinity); nothing was sent ({error})"
+        ) from None
+
+
+def _read_at_most(response: urllib3.BaseHTTPResponse, limit: int) -> bytes:
+    """Up to `limit` bytes of a streamed body; the connection is closed if more remain."""
+    data = bytearray()
+    ended = False
+    try:
+        while len(data) < limit:
+            piece = response.read(min(_READ_PIECE, limit - len(data)))
+            if not piece:
+                ended = True
+                break
+            data += piece
+        if not ended and limit > 0 and not response.read(1):
+            ended = True  # exactly `limit` bytes: the connection may be reused
+    finally:
+        if not ended:
+            response.close()  # unread bytes must not reach the next request
+        response.release_conn()
+    return bytes(data)
+
+
+def _read_exec(
+    ws: websocket.WebSocket, deadline: float, max_stdout: int
+) -> tuple[int | None, str, str]:
     """Collect the channels (1 stdout, 2 stderr, 3 status) until the server closes."""
     channels = {1: bytearray(), 2: bytearray(), 3: bytearray()}
+    limits = {1: max_stdout, 2: EXEC_MAX_STDERR_BYTES, 3: EXEC_MAX_STDERR_BYTES}
     ended = False
     while not ended and (left := deadline - time.monotonic()) > 0:
         ws.settimeout(left)
@@ -296,7 +364,11 @@ def _read_exec(ws: websocket.WebSocket, deadline: float) -> tuple[int | None, st
         ended = opcode == websocket.ABNF.OPCODE_CLOSE
         data = data.encode() if isinstance(data, str) else data
         if not ended and data and data[0] in channels:  # v5's 255 (close channel) is ignored
-            channels[data[0]] += data[1:]
+            channel = channels[data[0]]
+            room = limits[data[0]] - len(channel)
+            if data[0] == 1 and len(data) - 1 > room:
+                raise ExecOutputTooLarge(max_stdout)
+            channel += data[1 : 1 + max(room, 0)]
     stdout = channels[1].decode("utf-8", "replace")
     stderr = channels[2].decode("utf-8", "replace")
     if not ended:

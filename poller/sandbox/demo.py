@@ -54,7 +54,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from driver.protocol import decode_text
+from driver.decoder import decode_text
 from poller import api
 from poller.sandbox import build
 from poller.sandbox.bringup import (

@@ -24,7 +24,7 @@ from kubernetes import client
 from driver.protocol import encode_marker
 from poller import api
 from poller.cycle import Poller
-from poller.kube import Kube
+from poller.kube import Kube, LogTail
 from poller.results import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
@@ -368,9 +368,11 @@ class _RecordingKube(Kube):
         super().__init__(kube.transport)
         self.calls: list[tuple[str, str]] = []
 
-    def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+    def read_log_tail(
+        self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int
+    ) -> LogTail:
         self.calls.append(("log", pod))
-        return super().read_log_tail(namespace, pod, container, tail_lines)
+        return super().read_log_tail(namespace, pod, container, tail_lines, limit_bytes)
 
     def patch_job_status(
         self, namespace: str, name: str, status: dict, resource_version: str

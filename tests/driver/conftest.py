@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import pytest
 
-from driver.protocol import DecodedLog, decode_text
+from driver.decoder import DecodedLog, decode_text
 from tests.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

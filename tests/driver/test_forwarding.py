@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from driver.child import MAX_FORWARD_LINE, Pump, Sink
-from driver.protocol import MARKER_PREFIX, decode_text, neutralize
+from driver.decoder import decode_text
+from driver.protocol import MARKER_PREFIX, neutralize
 from tests.driver.conftest import WRITE_RESULTS, fake_child, forged_lines, run_driver
 from tests.driver.test_protocol import big_results
 
@@ -129,7 +130,7 @@ def test_driver_forwards_everything_in_order(tmp_path: Path, env: dict[str, str]
 def test_five_megabyte_results_round_trip_through_the_driver(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
-    raw = big_results(5 * 1024 * 1024)
+    raw = big_results(5 * 1024 * 1024, like_lm_eval=True)
     results = tmp_path / "big.json"
     results.write_bytes(raw)
     env["FAKE_RESULTS"] = str(results)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.protocol import EXIT_CANCELLED, EXIT_DRIVER_ERROR, EXIT_NO_RESULTS, decode_text
+from driver.decoder import decode_text
+from driver.protocol import EXIT_CANCELLED, EXIT_DRIVER_ERROR, EXIT_NO_RESULTS
 from tests.driver.conftest import (
     WRITE_RESULTS,
     DriverRun,

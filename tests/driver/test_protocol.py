@@ -20,13 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from driver import protocol, run
+from driver.decoder import LogDecoder, decode_lines, decode_stream, decode_text
 from driver.protocol import (
     MARKER_PREFIX,
     RESULTS_CHUNK_CHARS,
-    LogDecoder,
-    decode_lines,
-    decode_stream,
-    decode_text,
     describe_exit_code,
     encode_marker,
     encode_results,
@@ -34,15 +31,28 @@ from driver.protocol import (
 )
 
 
-def big_results(size: int, seed: int = 7) -> bytes:
-    """A results-like JSON document of about ``size`` bytes that compresses poorly."""
+def big_results(size: int, seed: int = 7, *, like_lm_eval: bool = False) -> bytes:
+    """A results-like JSON document of about ``size`` bytes that compresses poorly.
+
+    `like_lm_eval`: compressing about 10:1, as lm_eval's echoed task configs
+    do (repeated templates, a little that differs per task), so that a few
+    MB of it fit the protocol's compressed limit.
+    """
     rng = random.Random(seed)
     configs = {}
     approx = 0
     while approx < size:
         key = f"task_{len(configs)}"
-        configs[key] = {"doc": rng.randbytes(300).hex(), "score": rng.random()}
-        approx += 650
+        if like_lm_eval:
+            configs[key] = {
+                "doc": rng.randbytes(24).hex(),
+                "template": "Question: {{question}}\nAnswer:" * 14,
+                "score": rng.random(),
+            }
+            approx += 560
+        else:
+            configs[key] = {"doc": rng.randbytes(300).hex(), "score": rng.random()}
+            approx += 650
     return json.dumps({"results": {"t": {"acc,none": 0.5}}, "configs": configs}).encode()
 
 
@@ -130,7 +140,7 @@ def test_round_trip_and_outcome() -> None:
 
 
 def test_five_megabyte_results_round_trip_with_bounded_lines() -> None:
-    raw = big_results(5 * 1024 * 1024)
+    raw = big_results(5 * 1024 * 1024, like_lm_eval=True)
     lines = encode_results(raw, "big")
     assert len(lines) > 10
     assert max(len(line) for line in lines) < 64 * 1024

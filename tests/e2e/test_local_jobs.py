@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.protocol import decode_text
+from driver.decoder import decode_text
 from poller import api
 from poller.cycle import Poller
 from poller.sandbox.model_server import ModelServer

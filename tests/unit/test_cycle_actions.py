@@ -20,6 +20,7 @@ from driver.protocol import encode_marker
 from poller import api, podspec
 from poller.cycle import ACTION_WORKERS, Poller
 from poller.identity import KEY_FIELD, PodProof
+from poller.kube import LogTail
 from poller.model import PROOF_ANNOTATION
 
 KEY = bytes(range(32))
@@ -119,11 +120,13 @@ class StandInKube:
     def list_pods(self, selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
         return self.pods
 
-    def read_log_tail(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+    def read_log_tail(
+        self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int
+    ) -> LogTail:
         if pod in self.meeting_pods:
             self.meeting.wait()  # BrokenBarrierError (a job error) if nobody else comes
         self._note("log", pod)
-        return encode_marker("failed", exit_code=3, message="boom") + "\n"
+        return LogTail(encode_marker("failed", exit_code=3, message="boom").encode() + b"\n", False)
 
     def patch_job_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from driver.protocol import decode_lines, encode_marker, encode_results
+from driver.decoder import decode_lines
+from driver.protocol import encode_marker, encode_results
 from poller import api, decide
 from poller.decide import queue_message
 from poller.draft import set_condition

@@ -10,8 +10,11 @@ expiry, refreshed once on a 401, client certificates), refused fields
 (auth-provider, basic auth, proxy-url) with a clear ValueError, in-cluster
 configuration, request details (query, JSON body, user agent, no raising for
 an HTTP status, thread safety), exec (channels, exit codes, unknown exit
-code, timeout, refused upgrade), and that ``import poller.__main__`` does
-not import the kubernetes package.
+code, timeout, refused upgrade), the limits on what job pods write (a
+capped read against a server that ignores limitBytes, log tails cut to
+whole lines, exec stdout refused past its limit, no NaN in a request
+body), and that ``import poller.__main__`` does not import the kubernetes
+package.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import yaml
 from poller import kubeconfig
 from poller.kube import ApiError, Kube, NotFound
 from poller.sandbox.pki import Pki, issue_client_cert, make_pki
-from poller.transport import ApiTransport, ExecRefused
+from poller.transport import ApiTransport, ExecOutputTooLarge, ExecRefused
 
 REPO = Path(__file__).resolve().parents[2]
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -111,7 +114,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if parts.path.startswith("/status/"):
             code = int(parts.path.rsplit("/", 1)[1])
             return self._reply(code, {"kind": "Status", "message": f"status {code}"})
+        if parts.path.startswith("/lines/"):  # a server that ignores limitBytes
+            return self._lines(int(parts.path.rsplit("/", 1)[1]))
+        if parts.path.endswith("/log"):
+            return self._lines(int(seen.query.get("size", ["5000"])[0]))
         self._reply(200, {"method": seen.method, "path": seen.path})
+
+    def _lines(self, size: int) -> None:
+        """`size` bytes of 12-byte lines, all of them whatever was asked."""
+        data = b"".join(b"line %06d\n" % i for i in range(size // 12 + 1))[:size]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
@@ -580,6 +596,55 @@ def test_exec_timeout_and_refusals(transport: ApiTransport) -> None:
     with pytest.raises(ExecRefused) as refused:
         transport.exec("forbidden", "pod", "main", ["echo"], timeout=10)
     assert refused.value.status == 403 and "forbidden" in refused.value.body
+
+
+# -- what job pods write: never read beyond a limit -------------------------------
+
+
+def test_a_capped_read_stops_at_its_limit_and_the_pool_recovers(
+    transport: ApiTransport, seen: list[Seen]
+) -> None:
+    capped = transport.request("GET", "/lines/5000000", max_bytes=1000)
+    assert (
+        capped.status == 200
+        and capped.data == b"".join(b"line %06d\n" % i for i in range(84))[:1000]
+    )
+    # The dropped connection's unread bytes never reach the next response.
+    assert json.loads(transport.request("GET", "/after").data)["path"] == "/after"
+    exact = transport.request("GET", "/lines/1000", max_bytes=1000)
+    assert len(exact.data) == 1000
+    assert transport.request("GET", "/again").status == 200
+
+
+def test_log_tails_send_limit_bytes_and_enforce_it(
+    transport: ApiTransport, seen: list[Seen]
+) -> None:
+    kube = Kube(transport)
+    tail = kube.read_log_tail("ns", "p", "main", 400, 100)
+    assert seen[0].path == "/api/v1/namespaces/ns/pods/p/log"
+    assert seen[0].query["limitBytes"] == ["101"] and seen[0].query["tailLines"] == ["400"]
+    assert tail.cut and tail.data == b"".join(b"line %06d\n" % i for i in range(8))
+    whole = kube.read_log_tail("ns", "p", "main", 400, 5000)
+    assert not whole.cut and len(whole.data) == 5000 and whole.text.startswith("line 000000")
+
+
+def test_a_non_finite_number_is_never_sent(transport: ApiTransport, seen: list[Seen]) -> None:
+    for number in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"PATCH /p: .* \(NaN or Infinity\); nothing was sent"):
+            transport.request("PATCH", "/p", body={"status": {"progress": {"percent": number}}})
+    assert seen == []
+
+
+def test_exec_stdout_is_capped(transport: ApiTransport) -> None:
+    with pytest.raises(ExecOutputTooLarge, match="exec output larger than 1000 bytes"):
+        transport.exec("ns", "pod", "main", ["big", "300000"], timeout=10, max_stdout=1000)
+    counted: list[tuple[str, str, str]] = []
+    kube = Kube(transport, on_request=lambda *args: counted.append(args))
+    with pytest.raises(ExecOutputTooLarge):
+        kube.exec_in_pod("ns", "pod", "main", ["big", "300000"], max_stdout=329_999)
+    assert counted == [("get", "pods/exec", "101")]
+    code, out, _ = transport.exec("ns", "pod", "main", ["big", "300000"], timeout=10)
+    assert code == 0 and len(out.encode()) == 330_000  # within the default limit (1 MiB)
 
 
 # -- the goal ---------------------------------------------------------------------
