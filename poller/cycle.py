@@ -34,7 +34,7 @@ from driver.protocol import MAX_RESULTS_BYTES
 from poller import decide as decisions
 from poller import podspec, poison, results, tasksnapshot
 from poller.api import JobState
-from poller.identity import PodProof, load_or_create_key
+from poller.identity import PodProof, load_pod_proof
 from poller.kube import ApiError, Conflict, Kube, LogTail, NotFound, NotOwned
 from poller.model import (
     ArchiveLog,
@@ -164,7 +164,7 @@ class Poller:
     def pod_proof(self) -> PodProof:
         """The pod-identity key, read (or made) once; a cycle cannot judge pods without it."""
         if self._proof is None:
-            self._proof = PodProof(load_or_create_key(self.kube, self.settings_namespace))
+            self._proof = load_pod_proof(self.kube, self.settings_namespace)
         return self._proof
 
     def refresh_settings(self) -> Settings:
@@ -208,7 +208,7 @@ class Poller:
                 views[job.uid] = job
             for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace):
                 report.pods += 1
-                view = PodView.from_object(obj, podspec.MAIN_CONTAINER, proof.verify)
+                view = PodView.from_object(obj, podspec.MAIN_CONTAINER, proof.attempt_of)
                 by_name[(view.namespace, view.name)] = view
         self._views = views
         by_job: dict[str, PodView] = {}
@@ -564,7 +564,7 @@ class Poller:
         found = self.kube.find_pod(job.namespace, name)
         if found is None:
             raise Conflict(f"pod {job.namespace}/{name} existed and is gone: retrying")
-        pod = PodView.from_object(found, podspec.MAIN_CONTAINER, self.pod_proof().verify)
+        pod = PodView.from_object(found, podspec.MAIN_CONTAINER, self.pod_proof().attempt_of)
         # The attempt being created is not recorded yet, which judge_pod reads as ADOPT.
         trust, why = judge_pod(job, pod)
         if trust is PodTrust.FOREIGN:

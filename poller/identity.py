@@ -23,11 +23,17 @@ namespace, made by the first poller that finds none (two replicas racing:
 AlreadyExists means read the winner's). Only the poller's ServiceAccount
 and cluster administrators can read it. Losing or replacing the key makes
 every running job's pod untrusted: those jobs then end Failed, naming the pod.
+
+Upgrades: pods made by a poller from before proofs existed carry none. Such
+a pod is still taken for its job's (as attempt 0) when it was created
+*before the key was*: nobody can create a pod in the past, so this admits
+exactly the pods an older poller could have made, and no pod made since.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
 import hmac
 import logging
@@ -36,14 +42,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from poller.kube import Conflict, Kube, NotFound
-from poller.model import PROOF_ANNOTATION
+from poller.model import PROOF_ANNOTATION, parse_time
 
 __all__ = [
     "KEY_BYTES",
     "KEY_SECRET",
     "PROOF_ANNOTATION",
     "PodProof",
-    "load_or_create_key",
+    "load_pod_proof",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,6 +67,9 @@ class PodProof:
     """Signs and verifies pod proofs under one key. Pure: no I/O."""
 
     key: bytes
+    # When the key was made: pods without a proof created before it are an
+    # older poller's (see the module docstring). None: no such pods.
+    since: dt.datetime | None = None
 
     def _digest(self, namespace: str, name: str, job_uid: str, attempt: int) -> str:
         message = "\n".join((_VERSION, namespace, name, job_uid, str(attempt))).encode()
@@ -83,6 +92,16 @@ class PodProof:
         expected = self._digest(namespace, name, job_uid, attempt)
         return attempt if hmac.compare_digest(expected, parts[2]) else None
 
+    def attempt_of(
+        self, value: str | None, namespace: str, name: str, job_uid: str, created: str
+    ) -> int | None:
+        """`verify`, and 0 for a pod without any proof made before the key existed."""
+        if value is None:
+            made = parse_time(created)
+            older = self.since is not None and made is not None and made < self.since
+            return 0 if older and job_uid else None
+        return self.verify(value, namespace, name, job_uid)
+
     def stamp(self, manifest: dict[str, Any], job_uid: str, attempt: int) -> dict[str, Any]:
         """`manifest` with its proof annotation set (whatever the job asked for)."""
         meta = manifest["metadata"]
@@ -93,8 +112,8 @@ class PodProof:
         return {**manifest, "metadata": {**meta, "annotations": annotations}}
 
 
-def _decode_key(data: dict[str, str] | None) -> bytes | None:
-    text = (data or {}).get(KEY_FIELD)
+def _decode_key(data: dict[str, str]) -> bytes | None:
+    text = data.get(KEY_FIELD)
     if not text:
         return None
     try:
@@ -104,7 +123,7 @@ def _decode_key(data: dict[str, str] | None) -> bytes | None:
     return key if len(key) >= KEY_BYTES else None
 
 
-def load_or_create_key(kube: Kube, namespace: str) -> bytes:
+def load_pod_proof(kube: Kube, namespace: str) -> PodProof:
     """The poller's key from Secret `KEY_SECRET` in `namespace`, made on first use.
 
     Raises ValueError when the Secret exists but holds no usable key (an
@@ -113,18 +132,19 @@ def load_or_create_key(kube: Kube, namespace: str) -> bytes:
     """
     for _ in range(2):
         try:
-            data = kube.read_secret_data(namespace, KEY_SECRET)
+            secret: dict[str, Any] | None = kube.read_secret(namespace, KEY_SECRET)
         except NotFound:
-            data = None
-        if data is not None:
-            key = _decode_key(data)
+            secret = None
+        if secret is not None:
+            key = _decode_key(secret.get("data") or {})
             if key is None:
                 raise ValueError(
                     f"Secret {namespace}/{KEY_SECRET} holds no usable '{KEY_FIELD}' "
                     f"(base64 of at least {KEY_BYTES} bytes): repair it, or delete it to make "
                     "a new key (the pods of running jobs then stop being trusted)"
                 )
-            return key
+            made = parse_time((secret.get("metadata") or {}).get("creationTimestamp"))
+            return PodProof(key, made)
         key = secrets.token_bytes(KEY_BYTES)
         try:
             kube.create_secret(
@@ -136,5 +156,6 @@ def load_or_create_key(kube: Kube, namespace: str) -> bytes:
         except Conflict:
             continue  # another replica made it first: read theirs
         log.info("created the pod-identity key in Secret %s/%s", namespace, KEY_SECRET)
-        return key
+        # The apiserver's creationTimestamp has whole seconds: round down like it.
+        return PodProof(key, dt.datetime.now(dt.UTC).replace(microsecond=0))
     raise RuntimeError(f"Secret {namespace}/{KEY_SECRET} could neither be read nor created")

@@ -275,16 +275,16 @@ class Kube:
         obj: dict[str, Any] = json.loads(raw)
         return obj
 
-    def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
-        """A Secret's data, still base64-encoded (only the poller's own key is read)."""
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        """A whole Secret, data still base64-encoded (only the poller's own key is read)."""
         raw = self._request(
             "GET",
             f"/api/v1/namespaces/{namespace}/secrets/{name}",
             verb="get",
             resource="secrets",
         )
-        data: dict[str, str] = json.loads(raw).get("data") or {}
-        return data
+        secret: dict[str, Any] = json.loads(raw)
+        return secret
 
     def find_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod `namespace/name` whatever its labels (a LIST: the poller may not GET pods)."""

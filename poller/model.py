@@ -117,10 +117,10 @@ class PodObject(TypedDict, total=False):
 
 
 # Where the poller's proof of origin sits on a pod, and how it is checked:
-# (annotation value, namespace, pod name, owner job UID) -> the attempt it
-# proves, or None (`poller.identity.PodProof.verify`).
+# (annotation value, namespace, pod name, owner job UID, creationTimestamp)
+# -> the attempt it proves, or None (`poller.identity.PodProof.attempt_of`).
 PROOF_ANNOTATION = f"{api.API_GROUP}/pod-proof"
-ProofCheck = Callable[[str | None, str, str, str], int | None]
+ProofCheck = Callable[[str | None, str, str, str, str], int | None]
 
 
 # The spec keys a finished job's view keeps: what `JobView`'s switches and
@@ -327,6 +327,7 @@ class PodView:
                 meta.get("namespace", ""),
                 meta.get("name", ""),
                 owner.get("uid", ""),
+                meta.get("creationTimestamp") or "",
             )
             if verify is not None
             else None,

@@ -10,7 +10,9 @@ recorded when the poller created it (`podAttempt`, `podUID`):
 * CURRENT: the pod the status records (same attempt; same UID once known).
 * ADOPT: the next attempt, made by the poller but not recorded yet: it
   crashed, or lost a race, between creating the pod and writing the status.
-  The status then records it; nothing is created twice.
+  The status then records it; nothing is created twice. Also a pod an older
+  poller made before proofs existed (attempt 0, see `poller.identity`), for a
+  job whose status records no attempt yet.
 * FOREIGN: anything else. No proof, another owner, a proof for an older
   attempt (copied from an earlier pod), or the recorded attempt under another
   UID (the real pod was deleted and replaced). A foreign pod is never

@@ -23,11 +23,16 @@ scores:
   the next poller adopts that pod (proof for the next attempt) instead of
   failing or making a second one (the audit log counts one creation);
 - the key that proves origin lives in the poller's Secret and survives
-  restarts: a second Poller trusts the first one's pods.
+  restarts: a second Poller trusts the first one's pods;
+- upgrade: a running job whose pod an older poller made (no proof) before the
+  key existed keeps running and finishes; a proof-less pod made after the
+  key existed is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -38,7 +43,7 @@ from kubernetes import client
 from driver.protocol import encode_marker, encode_results
 from poller import podspec, results
 from poller.cycle import Poller
-from poller.identity import KEY_SECRET
+from poller.identity import KEY_FIELD, KEY_SECRET
 from poller.kube import Kube
 from poller.model import PROOF_ANNOTATION
 from poller.sandbox.controlplane import ControlPlane
@@ -324,3 +329,55 @@ def test_the_key_is_kept_in_the_poller_secret(
     report = again.run_cycle()
     assert report.errors == 0
     assert jobs.status("keyed")["state"] == "Running"
+
+
+def test_an_upgrade_keeps_the_pods_an_older_poller_made(
+    poller_kube: Kube,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    succeeded_run: CapturedRun,
+    tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(admin_api)
+    # As an older poller left it: status names the pod, records no attempt or UID,
+    # and the pod carries no proof.
+    job = jobs.create("legacy")
+    name = podspec.pod_name("legacy", job["metadata"]["uid"])
+    made = core.create_namespaced_pod(jobs.namespace, _claiming_pod(name, jobs.namespace, job))
+    jobs.custom.patch_namespaced_custom_object_status(
+        "foundation-model-stack.github.com",
+        "v1beta1",
+        jobs.namespace,
+        "lmevaljobs",
+        "legacy",
+        {"status": {"state": "Scheduled", "podName": name}},
+    )
+    born = made.metadata.creation_timestamp
+    wait_for(
+        lambda: dt.datetime.now(dt.UTC) >= born + dt.timedelta(seconds=1.5),
+        timeout=10,
+        what="a second boundary after the pod was made",
+    )
+    # The upgrade: the new poller's key is made after that pod.
+    with contextlib.suppress(client.exceptions.ApiException):
+        core.delete_namespaced_secret(KEY_SECRET, POLLER_NS)
+    upgraded = Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=[jobs.namespace])
+    status = cycle_until(
+        upgraded,
+        lambda: jobs.status("legacy").get("state") == "Running" and jobs.status("legacy"),
+        what="the older pod adopted",
+    )
+    assert (status["podAttempt"], status["podUID"]) == (0, made.metadata.uid)
+    secret = core.read_namespaced_secret(KEY_SECRET, POLLER_NS)
+    assert len(secret.data[KEY_FIELD]) >= 44
+    serve_log(admin_api, jobs.namespace, name, succeeded_run.log, tmp_path)
+    terminate(admin_api, jobs.namespace, name, 0)
+    final = _complete(upgraded, jobs, "legacy")
+    assert final["reason"] == "Succeeded", final
+
+    # A proof-less pod made now, for a job that has none yet, is not an older poller's.
+    late = jobs.create("late")
+    late_name = podspec.pod_name("late", late["metadata"]["uid"])
+    core.create_namespaced_pod(jobs.namespace, _claiming_pod(late_name, jobs.namespace, late))
+    refused = _complete(upgraded, jobs, "late")
+    assert refused["reason"] == "Failed" and "no valid proof" in refused["message"]

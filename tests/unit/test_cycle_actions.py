@@ -111,8 +111,8 @@ class StandInKube:
         # No progress reads: only the transitions' own requests are recorded.
         return {"pod-image": "registry.example/job:1", "progress-reads-per-cycle": "0"}
 
-    def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
-        return {KEY_FIELD: base64.b64encode(KEY).decode()}
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"data": {KEY_FIELD: base64.b64encode(KEY).decode()}}
 
     def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         return self.jobs

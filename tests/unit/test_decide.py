@@ -42,6 +42,7 @@ from poller.model import (
     StoreResults,
     format_time,
 )
+from poller.ownership import PodTrust, judge_pod
 from poller.settings import Settings
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
@@ -181,6 +182,16 @@ def test_a_new_pod_is_the_next_attempt_and_its_uid_is_left_to_the_actuator() -> 
     assert isinstance(create, CreatePod) and create.attempt == 3
     status = status_of(decision)
     assert status.pod_attempt == 3 and status.pod_uid is None
+
+
+def test_a_pod_an_older_poller_made_is_adopted_as_attempt_zero() -> None:
+    # Upgrade: the status has no attempt yet; the pod predates the key (attempt 0).
+    legacy = job(running_status(podAttempt=None, podUID=None))
+    status = status_of(decide.decide(legacy, replace(pod(), proof_attempt=0), SETTINGS, NOW))
+    assert (status.pod_attempt, status.pod_uid) == (0, "pod-uid")
+    assert status.state == api.JobState.RUNNING
+    again = job(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    assert judge_pod(again, replace(pod(), proof_attempt=0)) == (PodTrust.CURRENT, "")
 
 
 def test_a_pod_made_at_resume_before_a_crash_is_adopted_not_waited_for() -> None:

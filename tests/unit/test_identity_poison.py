@@ -22,7 +22,7 @@ import pytest
 import urllib3
 
 from poller import api, poison
-from poller.identity import KEY_FIELD, PodProof, load_or_create_key
+from poller.identity import KEY_FIELD, PodProof, load_pod_proof
 from poller.kube import ApiError, Conflict, NotFound
 from poller.model import PROOF_ANNOTATION
 
@@ -78,10 +78,10 @@ class SecretStore:
     def __init__(self, data: dict[str, str] | None = None, race: bool = False) -> None:
         self.data, self.race, self.created = data, race, 0
 
-    def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any]:
         if self.data is None:
             raise NotFound(name)
-        return self.data
+        return {"metadata": {"creationTimestamp": "2026-12-01T08:00:00Z"}, "data": self.data}
 
     def create_secret(self, namespace: str, name: str, data: dict[str, str], **_: Any) -> None:
         self.created += 1
@@ -94,22 +94,35 @@ class SecretStore:
 
 def test_the_key_is_made_once_and_then_read() -> None:
     store = SecretStore()
-    key = load_or_create_key(store, "lmeval-system")  # type: ignore[arg-type]
-    assert len(key) == 32 and store.created == 1
-    assert load_or_create_key(store, "lmeval-system") == key  # type: ignore[arg-type]
-    assert store.created == 1
+    made = load_pod_proof(store, "lmeval-system")  # type: ignore[arg-type]
+    assert len(made.key) == 32 and store.created == 1
+    read = load_pod_proof(store, "lmeval-system")  # type: ignore[arg-type]
+    assert read.key == made.key and store.created == 1
+    assert read.since == dt.datetime(2026, 12, 1, 8, 0, tzinfo=dt.UTC)
 
 
 def test_a_lost_race_reads_the_winners_key() -> None:
     store = SecretStore(race=True)
-    assert load_or_create_key(store, "lmeval-system") == b"w" * 32  # type: ignore[arg-type]
+    assert load_pod_proof(store, "lmeval-system").key == b"w" * 32  # type: ignore[arg-type]
 
 
 def test_a_secret_with_junk_is_an_error_not_a_new_key() -> None:
     store = SecretStore({KEY_FIELD: "not base64!"})
     with pytest.raises(ValueError, match="holds no usable 'key'"):
-        load_or_create_key(store, "lmeval-system")  # type: ignore[arg-type]
+        load_pod_proof(store, "lmeval-system")  # type: ignore[arg-type]
     assert store.created == 0
+
+
+def test_only_pods_older_than_the_key_go_without_a_proof() -> None:
+    proof = PodProof(KEY, dt.datetime(2026, 12, 1, 8, 0, tzinfo=dt.UTC))
+    # Made by a poller from before proofs existed: attempt 0.
+    assert proof.attempt_of(None, "ns", "p", "uid", "2026-12-01T07:59:59Z") == 0
+    # Made since: no proof, no trust; and a bad proof is never excused by age.
+    assert proof.attempt_of(None, "ns", "p", "uid", "2026-12-01T08:00:00Z") is None
+    assert proof.attempt_of("v1.1.bad", "ns", "p", "uid", "2020-01-01T00:00:00Z") is None
+    assert PROOF.attempt_of(None, "ns", "p", "uid", "2020-01-01T00:00:00Z") is None
+    signed = proof.sign("ns", "p", "uid", 3)
+    assert proof.attempt_of(signed, "ns", "p", "uid", "2026-12-01T09:00:00Z") == 3
 
 
 @pytest.mark.parametrize(
