@@ -1,12 +1,15 @@
 """One polling cycle: list, join, decide, act.
 
 A cycle reads the settings ConfigMap, lists every LMEvalJob and every pod
-the poller manages (two paged LISTs whatever the number of jobs), joins pods
-to jobs by their controller ownerReference, and for each job runs the pure
-`decide` and carries out its actions through `Kube`. Each page of a LIST is
-turned into views as it arrives, so raw objects never pile up. Jobs are
-independent: an exception while handling one is logged and counted, and the
-cycle goes on with the next.
+the poller manages (two paged LISTs whatever the number of jobs), joins each
+job to the pod under its deterministic pod name in its own namespace (whose
+proof of origin `decide` judges: `poller.ownership`), and for each job runs
+the pure `decide` and carries out its actions through `Kube`: the reads of
+the pod's log and files in `poller.podreads`, status and events in
+`poller.statuswrites`. Each page of a LIST is turned into views as it
+arrives, so raw objects never pile up. Jobs are independent: an exception
+while handling one is counted, retried within bounds, and then ends that job
+(`poller.poison`); the cycle goes on with the next.
 
 The cluster is the state. Between cycles the poller keeps only the settings'
 last good values, when each running job's progress was last read (a rate
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import threading
 import time
@@ -29,20 +31,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from driver.decoder import decode_bytes
-from driver.protocol import MAX_RESULTS_BYTES
 from poller import decide as decisions
-from poller import podspec, poison, results, tasksnapshot
+from poller import podspec, poison, tasksnapshot
 from poller.api import JobState
 from poller.identity import PodProof, load_pod_proof
-from poller.kube import ApiError, Conflict, Kube, LogTail, NotFound, NotOwned
+from poller.kube import ApiError, Conflict, Kube, NotOwned
 from poller.model import (
     ArchiveLog,
     CreatePod,
     Decision,
     DeleteJob,
     DeletePod,
-    ExecResults,
     ExecView,
     JobView,
     LogView,
@@ -50,14 +49,14 @@ from poller.model import (
     PodView,
     PostEvent,
     QueueSlot,
-    ReadLog,
     ReleaseHold,
     StoreResults,
 )
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
+from poller.podreads import PodReads
 from poller.queue import plan_queue
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
-from poller.transport import ExecOutputTooLarge
+from poller.statuswrites import StatusWrites, with_outcome_of_actions
 
 __all__ = ["CycleReport", "Poller", "utc_now"]
 
@@ -70,23 +69,6 @@ MAX_LOG_ROUNDS = 4
 OPENSHIFT_UID_RANGE = "openshift.io/sa.scc.uid-range"
 # Jobs acting at once in a cycle (each one's own requests stay in order).
 ACTION_WORKERS = 4
-# Byte limits of the reads of a job pod's log, whose author controls it; sent
-# as limitBytes and enforced while reading. Results: the encoded results
-# (protocol.MAX_ENCODED_RESULTS_CHARS, 1 MiB) with their markers' fields,
-# and as much again for the lines around them.
-LOG_READ_RESULTS_BYTES = 2 * 1024 * 1024
-# Progress: 60 lines of ordinary output (a few hundred bytes each) and markers.
-LOG_READ_PROGRESS_BYTES = 128 * 1024
-LOG_READ_BYTES = {"results": LOG_READ_RESULTS_BYTES, "progress": LOG_READ_PROGRESS_BYTES}
-# The log archive: twice the largest log-archive-bytes (512 KiB), so that a
-# window of ordinary lines is kept whole; its last log-archive-bytes are stored.
-LOG_READ_ARCHIVE_BYTES = 1024 * 1024
-# Windows of lines tried for the archive, narrower each time the previous one
-# held more than LOG_READ_ARCHIVE_BYTES (the kubelet keeps a window's head, so
-# only a narrower window reaches the log's real end).
-ARCHIVE_TAIL_LINES = (5000, 500, 50)
-# Exec'd results: the protocol's limit on results, whatever their source.
-EXEC_RESULTS_MAX_BYTES = MAX_RESULTS_BYTES
 
 
 def utc_now() -> dt.datetime:
@@ -138,6 +120,8 @@ class Poller:
         proof: PodProof | None = None,
     ) -> None:
         self.kube = kube
+        self.reads = PodReads(kube)
+        self.writes = StatusWrites(kube)
         self.settings_namespace = settings_namespace
         self.namespaces = list(namespaces)
         self.clock = clock
@@ -323,22 +307,15 @@ class Poller:
     def _end_poisoned(
         self, job: JobView, pod: PodView | None, message: str, report: CycleReport
     ) -> JobView:
-        """End `job` Failed with `message`: the ordinary way, else with the smallest patch."""
+        """End `job` Failed with `message`, and stop its evaluation."""
         if job.deleting or job.status.state == JobState.COMPLETE:
             return job  # nothing left to end: its TTL and deletion go on
         log.error("ending LMEvalJob %s/%s: %s", job.namespace, job.name, message)
-        now = self.clock()
         try:
-            self._apply_failure(job, now, report, message, cause="PollerError")
-        except Exception as error:  # e.g. the status itself holds what the API refuses
-            log.warning("failure patch of %s/%s refused: %s", job.namespace, job.name, error)
-            try:
-                self.kube.patch_job_status(
-                    job.namespace, job.name, poison.failure_patch(message, now), ""
-                )
-            except Exception as final:  # counted; the next cycle tries again
-                self._count_error(report, {"namespace": job.namespace, "name": job.name}, final)
-                return job
+            report.add(patches=self.writes.end_failed(job, self.clock(), message))
+        except Exception as error:  # counted; the next cycle tries again
+            self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
+            return job
         if pod is not None and judge_pod(job, pod)[0] is not PodTrust.FOREIGN:
             # A job that ended must not leave its evaluation running.
             with contextlib.suppress(Exception):
@@ -400,11 +377,11 @@ class Poller:
                 break
             if request.purpose == "progress":
                 self._progress_read_at[job.uid] = time.monotonic()
-            log_view = self._read_log(job, request)
+            log_view = self.reads.read_log(job, request)
             decision = decide(log_view)
         wanted = decision.needs_exec
         if wanted is not None:
-            decision = decide(log_view, self._exec_results(job, wanted))
+            decision = decide(log_view, self.reads.exec_results(job, wanted))
         current = job
         pod_uid: str | None = None
         store_problem: str | None = None
@@ -416,117 +393,26 @@ class Poller:
             elif isinstance(action, StoreResults):
                 store_problem = self._store_results(job, action)
             elif isinstance(action, ArchiveLog):
-                self._archive_log(job, action)
+                self.reads.archive_log(job, action)
             elif isinstance(action, DeletePod):
                 self.kube.delete_pod(job.namespace, action.name)
             elif isinstance(action, DeleteJob):
                 self.kube.delete_job(job.namespace, job.name)
             elif isinstance(action, ReleaseHold):
-                self._release(job, action)
+                self.reads.release(job, action)
             elif isinstance(action, PatchStatus):
-                action = _with_outcome_of_actions(action, pod_uid, store_problem)
-                if self._patch_status(job, action):
+                action = with_outcome_of_actions(action, pod_uid, store_problem)
+                if self.writes.patch(job, action):
                     current = replace(job, status=action.status)
                 report.add(patches=1)
             elif isinstance(action, PostEvent):
-                self._post_event(job, action, now)
+                self.writes.event(job, action, now)
         return current
 
     def _namespace_uid(self, namespace: str) -> int | None:
         """OpenShift: the first UID of the namespace's range, for a pod made now."""
         annotations = self.kube.namespace_annotations(namespace)
         return podspec.uid_range_start(annotations.get(OPENSHIFT_UID_RANGE))
-
-    def _exec_results(self, job: JobView, action: ExecResults) -> ExecView:
-        """cat the results file in the held container; errors make an empty view."""
-        try:
-            code, out, err = self.kube.exec_in_pod(
-                job.namespace,
-                action.pod,
-                action.container,
-                ["cat", action.path],
-                max_stdout=EXEC_RESULTS_MAX_BYTES,
-            )
-        except ExecOutputTooLarge:
-            why = f"results file larger than {EXEC_RESULTS_MAX_BYTES} bytes"
-            log.warning("%s/%s: %s; reading the log instead", job.namespace, job.name, why)
-            return ExecView(None, why)
-        except Exception as error:  # exec is best effort: the log is the fallback
-            return ExecView(None, f"exec failed: {error}")
-        if code not in (0, None) or not out:
-            return ExecView(None, f"cat exited {code}: {err.strip()[:200]}")
-        return ExecView(out)
-
-    def _release(self, job: JobView, action: ReleaseHold) -> None:
-        try:
-            self.kube.exec_in_pod(job.namespace, action.pod, action.container, list(action.argv))
-        except Exception as error:  # the driver's hold ends by itself anyway
-            log.warning("could not release %s/%s: %s", job.namespace, action.pod, error)
-
-    def _archive_log(self, job: JobView, action: ArchiveLog) -> None:
-        """Keep the log's last bytes; a log that cannot be read is noted, not fatal."""
-        try:
-            tail = self._archive_tail(job, action)
-        except Exception as error:  # the archive is best effort; deletion goes on
-            tail = f"(the pod log could not be read before deletion: {error})"
-        manifest = results.results_configmap(
-            namespace=job.namespace,
-            job_name=job.name,
-            job_uid=job.uid,
-            results=None,
-            labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
-            extra_data={results.LOG_ARCHIVE_KEY: tail},
-        )
-        try:
-            self.kube.apply_configmap(manifest, merge=True)
-        except NotOwned as error:  # someone else's ConfigMap under that name: never touched
-            log.warning("log of %s/%s not archived: %s", job.namespace, job.name, error)
-        except ApiError as error:
-            if error.status is None or error.status >= 500 or error.status == 429:
-                raise  # transient: archive (and delete) next cycle
-            # Refused for good (with large results, the ConfigMap would pass
-            # its size limit): the pod's deletion must not wait on it forever.
-            log.warning(
-                "log archive of %s/%s not kept: %s", job.namespace, job.name, _api_message(error)
-            )
-
-    def _archive_tail(self, job: JobView, action: ArchiveLog) -> str:
-        """The log's last `max_bytes`, from the widest window that fits the read limit."""
-        read: LogTail | None = None
-        for lines in ARCHIVE_TAIL_LINES:
-            read = self.kube.read_log_tail(
-                job.namespace, action.pod, action.container, lines, LOG_READ_ARCHIVE_BYTES
-            )
-            if not read.cut:
-                break
-        assert read is not None
-        kept = read.data[-action.max_bytes :].decode("utf-8", errors="ignore")
-        if read.cut:
-            kept += (
-                f"\n(the log's last {ARCHIVE_TAIL_LINES[-1]} lines exceed "
-                f"{LOG_READ_ARCHIVE_BYTES} bytes: the log's end is not shown)\n"
-            )
-        return kept
-
-    def _read_log(self, job: JobView, request: ReadLog) -> LogView:
-        limit = LOG_READ_BYTES.get(request.purpose, LOG_READ_PROGRESS_BYTES)
-        try:
-            read = self.kube.read_log_tail(
-                job.namespace, request.pod, request.container, request.tail_lines, limit
-            )
-        except NotFound as error:
-            return LogView(decode_bytes(b""), request.tail_lines, unavailable=str(error))
-        except ApiError as error:
-            if error.status is None or error.status >= 500 or error.status == 429:
-                raise  # transient: read again next cycle
-            # The log is gone for good (node lost, pod evicted, ...): decide without it.
-            return LogView(decode_bytes(b""), request.tail_lines, unavailable=_api_message(error))
-        return LogView(
-            decode_bytes(read.data),
-            request.tail_lines,
-            lines_read=read.data.count(b"\n"),
-            cut_at=limit if read.cut else None,
-        )
 
     def _create_pod(
         self, job: JobView, action: CreatePod, now: dt.datetime, report: CycleReport
@@ -536,7 +422,7 @@ class Poller:
         # Custom tasks: checked for code and frozen into the job's snapshots.
         problem = tasksnapshot.prepare_custom_tasks(self.kube, job, self.settings)
         if problem is not None:
-            self._apply_failure(job, now, report, problem)
+            report.add(patches=self.writes.fail(job, now, problem))
             return None
         manifest = self.pod_proof().stamp(action.manifest, job.uid, action.attempt)
         try:
@@ -545,7 +431,8 @@ class Poller:
             if error.status is None or error.status >= 500 or error.status == 429:
                 raise  # transient: the next cycle tries again
             # Refused for good (admission, quota, invalid): the job cannot run.
-            self._apply_failure(job, now, report, f"the job pod was refused: {_api_message(error)}")
+            message = f"the job pod was refused: {error.message}"
+            report.add(patches=self.writes.fail(job, now, message))
             return None
         if created is not None:
             report.add(pods_created=1)
@@ -569,7 +456,8 @@ class Poller:
         trust, why = judge_pod(job, pod)
         if trust is PodTrust.FOREIGN:
             log.warning("pod %s/%s squats %s's pod name: %s", job.namespace, name, job.name, why)
-            self._apply_failure(job, now, report, foreign_pod_message(pod, why), cause="ForeignPod")
+            message = foreign_pod_message(pod, why)
+            report.add(patches=self.writes.fail(job, now, message, cause="ForeignPod"))
             return None
         log.info("adopting existing pod %s for %s/%s", name, job.namespace, job.name)
         return pod.uid
@@ -590,83 +478,5 @@ class Poller:
         except ApiError as error:
             if error.status is None or error.status >= 500 or error.status == 429:
                 raise  # transient: the next cycle tries again
-            return f"ConfigMap {name} was refused: {_api_message(error)}"
+            return f"ConfigMap {name} was refused: {error.message}"
         return None
-
-    def _apply_failure(
-        self,
-        job: JobView,
-        now: dt.datetime,
-        report: CycleReport,
-        message: str,
-        cause: str | None = None,
-    ) -> None:
-        for follow_up in decisions.decide_failure(job, now, message, cause).actions:
-            if isinstance(follow_up, PatchStatus):
-                self._patch_status(job, follow_up)
-                report.add(patches=1)
-            elif isinstance(follow_up, PostEvent):
-                self._post_event(job, follow_up, now)
-
-    def _patch_status(self, job: JobView, action: PatchStatus) -> bool:
-        """Write the status; False when another writer got there first."""
-        new = action.status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        old = job.status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        # A merge patch only removes a field that is explicitly null.
-        patch: dict[str, Any] = {**{key: None for key in old if key not in new}, **new}
-        try:
-            self.kube.patch_job_status(job.namespace, job.name, patch, action.resource_version)
-            return True
-        except Conflict:
-            log.info(
-                "status of %s/%s changed meanwhile; deciding again next cycle",
-                job.namespace,
-                job.name,
-            )
-            return False
-
-    def _post_event(self, job: JobView, action: PostEvent, now: dt.datetime) -> None:
-        try:
-            self.kube.post_event(
-                namespace=job.namespace,
-                job_name=job.name,
-                job_uid=job.uid,
-                event_type=action.type,
-                reason=action.reason,
-                message=action.message,
-                now=now,
-            )
-        except Exception as error:  # events are best effort
-            log.warning(
-                "cannot record event %s on %s/%s: %s", action.reason, job.namespace, job.name, error
-            )
-
-
-def _with_outcome_of_actions(
-    action: PatchStatus, pod_uid: str | None, store_problem: str | None
-) -> PatchStatus:
-    """The status patch, completed with what the earlier actions found out.
-
-    The pure decision cannot know the UID the apiserver gives the pod it
-    creates, nor whether the results ConfigMap can be written.
-    """
-    update: dict[str, Any] = {}
-    if pod_uid is not None and action.status.pod_attempt is not None:
-        update["pod_uid"] = pod_uid
-    if store_problem is not None:
-        update["results_config_map"] = None
-        update["message"] = (
-            f"{action.status.message}; the complete results were not stored ({store_problem}): "
-            "status.results holds them" + (", reduced" if action.status.results_reduced else "")
-        )
-    if not update:
-        return action
-    return replace(action, status=action.status.model_copy(update=update))
-
-
-def _api_message(error: ApiError) -> str:
-    try:
-        body = json.loads(error.body or "{}")
-    except ValueError:
-        return str(error.reason)
-    return str(body.get("message") or error.reason)

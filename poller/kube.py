@@ -76,6 +76,15 @@ class ApiError(Exception):
         self.reason = reason
         self.body = body
 
+    @property
+    def message(self) -> str:
+        """The apiserver's own words (a Status object's message), else the reason."""
+        try:
+            said = json.loads(self.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            said = None
+        return str(said or self.reason)
+
     def __str__(self) -> str:
         # The apiserver explains itself in a Status object's message; else show the body.
         try:

@@ -31,7 +31,7 @@ name = sys.argv[1]
 data = hostile_logs.HOSTILE_LOGS[name]().encode()
 try:
     from driver.decoder import decode_bytes as decode_log_bytes
-    from poller.cycle import LOG_READ_RESULTS_BYTES
+    from poller.podreads import LOG_READ_RESULTS_BYTES
     capped = True
 except ImportError:  # before issue 15: the whole body, decoded as one string
     from driver.protocol import decode_text

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api, decide, results
-from poller.cycle import LOG_READ_RESULTS_BYTES, MAX_LOG_ROUNDS, Poller
+from poller.cycle import MAX_LOG_ROUNDS, Poller
 from poller.draft import StatusDraft
 from poller.kube import ApiError, LogTail
 from poller.model import (
@@ -41,6 +41,7 @@ from poller.model import (
     ReadLog,
     StoreResults,
 )
+from poller.podreads import LOG_READ_RESULTS_BYTES
 from poller.results import parse_scores
 from poller.settings import Settings
 from tests import hostile_logs
@@ -59,7 +60,7 @@ LIMIT = 2 * 1024 * 1024
 
 
 def read(lines: list[str], tail: int, *, cut: bool = False, full: bool = True) -> LogView:
-    """A log view as `Poller._read_log` makes it."""
+    """A log view as `PodReads.read_log` makes it."""
     count = tail if full else len(lines)
     return LogView(decode_lines(lines), tail, lines_read=count, cut_at=LIMIT if cut else None)
 
@@ -307,4 +308,4 @@ class RefusingKube:
 
 def test_a_refused_log_archive_does_not_stop_the_pods_deletion() -> None:
     poller = Poller(RefusingKube(), settings_namespace="lmeval-system")  # type: ignore[arg-type]
-    poller._archive_log(job(running_status()), ArchiveLog("eval-abc123", "lmeval", 1024))
+    poller.reads.archive_log(job(running_status()), ArchiveLog("eval-abc123", "lmeval", 1024))

@@ -174,7 +174,7 @@ def test_a_patch_built_from_a_compact_view_never_erases_what_it_left_out() -> No
     new = view.status.model_copy(update={"message": "changed"})
     kube = RecordingKube()
     poller = Poller(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
-    assert poller._patch_status(view, PatchStatus(new, view.resource_version))
+    assert poller.writes.patch(view, PatchStatus(new, view.resource_version))
     (patch,) = kube.patches
     assert patch["message"] == "changed"
     assert not FINISHED_STATUS_OMITS & set(patch)
