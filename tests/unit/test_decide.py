@@ -20,7 +20,7 @@ import pytest
 
 from driver.decoder import decode_lines
 from driver.protocol import encode_marker, encode_results
-from poller import api, decide
+from poller import api, decide, outcome
 from poller.decide import queue_message
 from poller.draft import set_condition
 from poller.model import (
@@ -113,7 +113,7 @@ def running_status(**extra: Any) -> dict[str, Any]:
     return {**base, **extra}
 
 
-def log_view(lines: list[str], tail: int = decide.FIRST_TAIL_LINES, **kw: Any) -> LogView:
+def log_view(lines: list[str], tail: int = outcome.FIRST_TAIL_LINES, **kw: Any) -> LogView:
     return LogView(decode_lines(lines), tail, lines_read=len(lines), **kw)
 
 
@@ -226,7 +226,7 @@ def test_a_pod_the_poller_did_not_make_fails_the_job_and_is_left_alone(
 
 def test_terminated_container_asks_for_the_log_first() -> None:
     decision = decide.decide(job(running_status()), pod("terminated", exit_code=0), SETTINGS, NOW)
-    assert decision.actions == [ReadLog("eval-abc123", "lmeval", decide.FIRST_TAIL_LINES)]
+    assert decision.actions == [ReadLog("eval-abc123", "lmeval", outcome.FIRST_TAIL_LINES)]
 
 
 def test_success_stores_results_before_the_status() -> None:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
-from poller import api, decide, results
+from poller import api, decide, outcome, results
 from poller.cycle import MAX_LOG_ROUNDS, Poller
 from poller.draft import StatusDraft
 from poller.kube import ApiError, LogTail
@@ -73,13 +73,13 @@ def test_a_cut_first_window_is_read_again_narrower() -> None:
     first = decide.decide(
         job(running_status()), FINISHED, SETTINGS, NOW, read(NO_RESULTS, 400, cut=True)
     )
-    assert first.actions == [ReadLog("eval-abc123", "lmeval", decide.RESULTS_TAIL_LINES)]
-    assert decide.RESULTS_TAIL_LINES == 115
-    assert decide.RESULTS_TAIL_LINES * decide.RUNTIME_LINE_BYTES <= LOG_READ_RESULTS_BYTES
+    assert first.actions == [ReadLog("eval-abc123", "lmeval", outcome.RESULTS_TAIL_LINES)]
+    assert outcome.RESULTS_TAIL_LINES == 115
+    assert outcome.RESULTS_TAIL_LINES * outcome.RUNTIME_LINE_BYTES <= LOG_READ_RESULTS_BYTES
 
 
 def test_a_cut_window_is_never_widened_and_the_failure_says_why() -> None:
-    for tail in (decide.RESULTS_TAIL_LINES, 1600):
+    for tail in (outcome.RESULTS_TAIL_LINES, 1600):
         view = read(NO_RESULTS, tail, cut=True)
         status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
         assert status.reason == api.JobReason.FAILED
@@ -98,7 +98,7 @@ def test_a_cut_window_that_still_holds_the_results_succeeds() -> None:
 
 
 def test_the_narrow_window_is_not_widened() -> None:
-    view = read(NO_RESULTS, decide.RESULTS_TAIL_LINES, full=True)
+    view = read(NO_RESULTS, outcome.RESULTS_TAIL_LINES, full=True)
     status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
     assert status.reason == api.JobReason.FAILED
 
@@ -275,7 +275,7 @@ def test_scores_and_task_names_are_capped() -> None:
     view = LogView(decode_lines(completed_log(many)), 400, lines_read=4)
     status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
     assert status.message is not None and status.message.endswith(", ... (5000 tasks)")
-    assert status.message.count(",") == decide.TASKS_IN_MESSAGE
+    assert status.message.count(",") == outcome.TASKS_IN_MESSAGE
 
 
 def test_results_too_large_for_a_configmap_are_stored_reduced() -> None:
