@@ -41,6 +41,7 @@ from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
 from poller import api
+from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
 from poller.model import JobObject, PodObject
 from poller.transport import EXEC_MAX_STDOUT_BYTES, ApiTransport, ExecOutputTooLarge, ExecRefused
 
@@ -53,47 +54,6 @@ PAGE_SIZE = 500
 _JOBS = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
 _LEASES = "/apis/coordination.k8s.io/v1"
 REQUEST_TIMEOUT = 30.0
-
-
-class NotFound(Exception):
-    """The object does not exist (404)."""
-
-
-class Conflict(Exception):
-    """A write lost a race (409): re-read and decide again next cycle."""
-
-
-class NotOwned(Exception):
-    """An object under the name the poller would write belongs to someone else."""
-
-
-class ApiError(Exception):
-    """The apiserver answered with an error status (other than 404 and 409)."""
-
-    def __init__(self, status: int, reason: str, body: str = "") -> None:
-        super().__init__(status, reason, body)
-        self.status = status
-        self.reason = reason
-        self.body = body
-
-    @property
-    def message(self) -> str:
-        """The apiserver's own words (a Status object's message), else the reason."""
-        try:
-            said = json.loads(self.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            said = None
-        return str(said or self.reason)
-
-    def __str__(self) -> str:
-        # The apiserver explains itself in a Status object's message; else show the body.
-        try:
-            message = json.loads(self.body).get("message")
-        except (ValueError, AttributeError):
-            message = None
-        detail = message or self.body.strip()[:300]
-        head = f"{self.status} {self.reason}"
-        return f"{head}: {detail}" if detail else head
 
 
 @dataclass(frozen=True)

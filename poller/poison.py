@@ -31,7 +31,7 @@ from typing import Any
 import urllib3.exceptions
 
 from poller import api
-from poller.kube import ApiError, Conflict
+from poller.apierrors import ApiError, Conflict
 from poller.model import format_time
 
 __all__ = [
