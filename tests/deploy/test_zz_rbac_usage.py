@@ -141,14 +141,23 @@ def test_every_rule_is_used_and_nothing_is_refused(
     tmp_path: Path,
 ) -> None:
     # 1. A job that succeeds; its results ConfigMap already exists (a retried
-    #    cycle), so the poller creates, meets a conflict and updates; its TTL
-    #    of 0 then has the poller delete the job.
-    jobs.create("audited", ttlSecondsAfterFinished=0)
+    #    cycle made it, owned by the job), so the poller creates, meets a
+    #    conflict and updates; its TTL of 0 then has the poller delete the job.
+    created = jobs.create("audited", ttlSecondsAfterFinished=0)
     pod = _pod_of(poller, jobs, "audited")
+    owner = client.V1OwnerReference(
+        api_version=f"{api.API_GROUP}/{api.API_VERSION}",
+        kind=api.KIND,
+        name="audited",
+        uid=created["metadata"]["uid"],
+        controller=True,
+    )
     jobs.core.create_namespaced_config_map(
         jobs.namespace,
         client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(name=results.results_configmap_name("audited"))
+            metadata=client.V1ObjectMeta(
+                name=results.results_configmap_name("audited"), owner_references=[owner]
+            )
         ),
     )
     serve_log(admin_api, jobs.namespace, pod, succeeded_run.log, tmp_path)
