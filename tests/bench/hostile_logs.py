@@ -30,6 +30,7 @@ from typing import Any
 
 from driver import protocol
 from poller.sandbox import kwok
+from tests.hostile_logs import results_markers
 
 # Today's widest tail window (poller.outcome.MAX_TAIL_LINES, 400 x 4 x 4 x 4):
 # a log longer than this makes the poller widen its reads up to it.
@@ -186,10 +187,18 @@ def deep_json() -> bytes:
     return b"[" * NESTING + b"]" * NESTING
 
 
+def raw_results(raw: bytes) -> list[str]:
+    """Results markers for `raw` as a hostile pod writes them: the driver's own
+    encoder refuses results the poller would refuse, a forger does not."""
+    data = base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+    digest = hashlib.sha256(raw).hexdigest()
+    return results_markers(data, digest=digest, size=len(raw), run_id=RUN_ID)
+
+
 def deep_results() -> Iterator[str]:
     raw = deep_json()
     yield started()
-    yield from protocol.encode_results(raw, RUN_ID)
+    yield from raw_results(raw)
     yield completed(hashlib.sha256(raw).hexdigest())
 
 
