@@ -26,6 +26,19 @@ R = api.JobReason
 
 # Progress text kept in status (the driver sends at most 160 characters of phase).
 MAX_PHASE_CHARS = 200
+# A status message and each condition's: they may quote a driver's final
+# marker or lm_eval's error line (job-controlled text), and they travel in
+# every LIST of jobs, three conditions repeating the message of a finished one.
+MAX_MESSAGE_CHARS = 2048
+
+
+_SHORTENED = " ... (shortened)"
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - len(_SHORTENED)] + _SHORTENED
 
 
 def _finite(value: object) -> float | None:
@@ -63,7 +76,7 @@ def set_condition(
             type=kind.value,
             status=wanted,
             reason=reason,
-            message=message,
+            message=_bounded(message),
             last_transition_time=now
             if moved or previous is None
             else previous.last_transition_time,
@@ -99,8 +112,8 @@ class StatusDraft:
         if self.fields.get("state") != state.value:
             kind = "Warning" if reason == R.FAILED else "Normal"
             default = reason.value if state == S.COMPLETE else state.value
-            self.events.append(PostEvent(kind, event or default, message))
-        self.fields.update(state=state, reason=reason, message=message)
+            self.events.append(PostEvent(kind, event or default, _bounded(message)))
+        self.fields.update(state=state, reason=reason, message=_bounded(message))
 
     def finish(self, reason: api.JobReason, message: str, cause: str | None = None) -> None:
         self.state(S.COMPLETE, reason, message, event=cause)

@@ -30,7 +30,7 @@ from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api, decide, outcome, results
 from poller.cycle import MAX_LOG_ROUNDS, Poller
-from poller.draft import StatusDraft
+from poller.draft import MAX_MESSAGE_CHARS, StatusDraft
 from poller.kube import ApiError, LogTail
 from poller.model import (
     ArchiveLog,
@@ -309,3 +309,16 @@ class RefusingKube:
 def test_a_refused_log_archive_does_not_stop_the_pods_deletion() -> None:
     poller = Poller(RefusingKube(), settings_namespace="lmeval-system")  # type: ignore[arg-type]
     poller.reads.archive_log(job(running_status()), ArchiveLog("eval-abc123", "lmeval", 1024))
+
+
+def test_a_long_final_message_is_shortened_in_status_and_conditions() -> None:
+    said = "E" * 16_000  # as long as a final marker may be
+    lines = [encode_marker("failed", exit_code=1, message=said)]
+    view = read(lines, outcome.FIRST_TAIL_LINES, full=False)
+    decision = decide.decide(
+        job(running_status()), pod("terminated", exit_code=1), SETTINGS, NOW, view
+    )
+    status = status_of(decision)
+    assert len(status.message or "") <= MAX_MESSAGE_CHARS
+    assert (status.message or "").endswith("(shortened)")
+    assert all(len(c.message) <= MAX_MESSAGE_CHARS for c in status.conditions or [])
