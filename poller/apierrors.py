@@ -37,6 +37,12 @@ class ApiError(Exception):
         self.body = body
 
     @property
+    def retry_later(self) -> bool:
+        """The apiserver (or a kubelet behind it) failed, or asks to slow down:
+        the same request may succeed next cycle, unlike a refusal for good."""
+        return self.status >= 500 or self.status == 429
+
+    @property
     def said(self) -> str | None:
         """The message of the Status object the apiserver answered with, if any."""
         try:

@@ -428,7 +428,7 @@ class Poller:
         try:
             created = self.kube.create_pod(manifest)
         except ApiError as error:
-            if error.status is None or error.status >= 500 or error.status == 429:
+            if error.retry_later:
                 raise  # transient: the next cycle tries again
             # Refused for good (admission, quota, invalid): the job cannot run.
             message = f"the job pod was refused: {error.message}"
@@ -476,7 +476,7 @@ class Poller:
         except NotOwned as error:
             return str(error)
         except ApiError as error:
-            if error.status is None or error.status >= 500 or error.status == 429:
+            if error.retry_later:
                 raise  # transient: the next cycle tries again
             return f"ConfigMap {name} was refused: {error.message}"
         return None

@@ -106,7 +106,7 @@ class PodReads:
         except NotOwned as error:  # someone else's ConfigMap under that name: never touched
             log.warning("log of %s/%s not archived: %s", job.namespace, job.name, error)
         except ApiError as error:
-            if error.status is None or error.status >= 500 or error.status == 429:
+            if error.retry_later:
                 raise  # transient: archive (and delete) next cycle
             # Refused for good (with large results, the ConfigMap would pass
             # its size limit): the pod's deletion must not wait on it forever.
@@ -139,7 +139,7 @@ class PodReads:
         except NotFound as error:
             return LogView(decode_bytes(b""), request.tail_lines, unavailable=str(error))
         except ApiError as error:
-            if error.status is None or error.status >= 500 or error.status == 429:
+            if error.retry_later:
                 raise  # transient: read again next cycle
             # The log is gone for good (node lost, pod evicted, ...): decide without it.
             return LogView(decode_bytes(b""), request.tail_lines, unavailable=error.message)

@@ -183,7 +183,7 @@ def _snapshot(kube: Kube, job: JobView, source: _Source) -> str | None:
         if kube.create_configmap(manifest):
             return None
     except ApiError as error:
-        if error.status is None or error.status >= 500 or error.status == 429:
+        if error.retry_later:
             raise  # transient: the next cycle tries again
         return f"{source.where}: the snapshot of ConfigMap {source.name} was refused: {error}"
     existing = kube.read_configmap(job.namespace, name)
