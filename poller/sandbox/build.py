@@ -39,6 +39,8 @@ BINARIES = (
     "kube-controller-manager",
     "kube-scheduler",
     "kubectl",
+    "kubelet",
+    "kube-proxy",
     "kwok",
 )
 # kwok's own CRDs for pod logs and exec; they ship in kwok's module zip and are
