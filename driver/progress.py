@@ -278,8 +278,14 @@ class ErrorLineTracker:
         last ERROR/CRITICAL log line, the last WARNING log line, the last line.
         """
         lines = list(self._lines)
-        for line in reversed(lines):
+        for index in range(len(lines) - 1, -1, -1):
+            line = lines[index]
             if _EXCEPTION_RE.match(line):
+                if line.endswith(":") and index + 1 < len(lines):
+                    # An exception whose message is on later lines (numpy's
+                    # ImportError ends its advice with "Original error was:
+                    # libstdc++.so.6: cannot open ..."): name the last of them.
+                    return f"{line} {lines[-1]}"[:MAX_MESSAGE_CHARS]
                 return line
         for wanted in (("ERROR", "CRITICAL"), ("WARNING",)):
             for line in reversed(lines):

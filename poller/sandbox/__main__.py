@@ -59,9 +59,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from poller.sandbox.realdemo import stop_real_node
+
     if ControlPlane.read_state(args.workdir) is None:
         print(f"no sandbox state in {args.workdir}")
         return 0
+    if stop_real_node(args.workdir):
+        print("real node stopped")
     ControlPlane(args.workdir).stop()
     print("sandbox stopped")
     return 0
@@ -93,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         model_port=args.model_port,
         timeout=args.timeout,
         down_hint=hint,
+        node=args.node,
     )
     return demo.run(options)
 
@@ -139,6 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument(
         "--timeout", type=float, default=600.0, help="seconds to wait for the job to finish"
+    )
+    run.add_argument(
+        "--node",
+        choices=("local", "real"),
+        default="local",
+        help="local: the local pod runner plays the kubelet (fast, no root); real: our images "
+        "on a real kubelet, containerd and runc, the poller deployed in-cluster (root; "
+        "deploy/sandbox/node-packages.sh) (default: %(default)s)",
     )
     run.set_defaults(func=cmd_run)
     commands.add_parser("down", help="stop it (and what `run --keep` left)").set_defaults(

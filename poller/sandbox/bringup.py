@@ -222,6 +222,8 @@ def start_processes(
             f"--kubeconfig={plane.kubeconfig}",
             f"--workdir={plane.workdir / 'runner'}",
             f"--kwok-port={plane.ports.kwok_server}",
+            # Any job lands here, never on the (tainted) kwok node.
+            "--untainted",
         ],
     )
     # The poller acts as its ServiceAccount: exactly the rights deploy/ gives it.

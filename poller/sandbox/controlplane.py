@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from poller.sandbox import build, kwok
+from poller.sandbox import build, kwok, nodeconfig
 from poller.sandbox.audit import AuditLog
 from poller.sandbox.components import (
     CONTROLLER_MANAGER_KUBECONFIG,
@@ -89,8 +89,17 @@ class ControlPlane:
         kwok_nodes: int = 2,
         die_with_parent: bool = True,
         extra_apiserver_args: Sequence[str] = (),
+        real_node: bool = False,
+        taint_kwok_nodes: bool | None = None,
     ) -> None:
         self.workdir = workdir.resolve()
+        # Ready for a real node (poller.sandbox.realnode) to join: the
+        # apiserver is reachable from its pods and talks to its kubelet.
+        self.real_node = real_node
+        # Tainted kwok nodes take only pods that ask for them: where a node
+        # really runs pods (the real node, the sandbox's local runner), a job
+        # without placement must never "run" on a node that runs nothing.
+        self.taint_kwok_nodes = real_node if taint_kwok_nodes is None else taint_kwok_nodes
         self.kwok_nodes = kwok_nodes
         self.die_with_parent = die_with_parent
         self.extra_apiserver_args = list(extra_apiserver_args)
@@ -113,7 +122,10 @@ class ControlPlane:
         self.times.binaries = time.monotonic() - begin
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
-        self.pki = make_pki(self.workdir / "pki")
+        self.pki = make_pki(
+            self.workdir / "pki",
+            extra_server_names=(nodeconfig.NODE_IP,) if self.real_node else (),
+        )
         try:
             phase = time.monotonic()
             self._start_etcd(timeout)
@@ -206,7 +218,10 @@ class ControlPlane:
             self.ports,
             self._pki(),
             self.audit.path,
-            self.extra_apiserver_args,
+            [
+                *(nodeconfig.apiserver_args(self._pki()) if self.real_node else []),
+                *self.extra_apiserver_args,
+            ],
         )
         self._spawn("kube-apiserver", argv)
         context = self._admin_ssl_context()
@@ -302,7 +317,10 @@ class ControlPlane:
         )
 
     def _create_kwok_nodes(self, timeout: float) -> None:
-        documents = [kwok.node_body(f"kwok-node-{i}") for i in range(self.kwok_nodes)]
+        documents = [
+            kwok.node_body(f"kwok-node-{i}", tainted=self.taint_kwok_nodes)
+            for i in range(self.kwok_nodes)
+        ]
         self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
         label, value = kwok.KWOK_NODE_LABEL
         self._wait_until(

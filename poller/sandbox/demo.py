@@ -36,10 +36,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
@@ -96,6 +96,9 @@ class DemoOptions:
     model_port: int = MODEL_SERVER_PORT
     timeout: float = 600.0
     down_hint: str = "python -m poller.sandbox down"
+    # "local": the local runner plays the kubelet; "real": a real node runs
+    # our images (poller.sandbox.realdemo).
+    node: str = "local"
 
 
 # -- results -----------------------------------------------------------------------
@@ -224,8 +227,14 @@ class JobFollower:
         return text
 
 
+class Watched(Protocol):
+    """What runs beside the job: `check` raises DemoError when a part died."""
+
+    def check(self) -> None: ...
+
+
 def follow(
-    follower: JobFollower, console: Console, timeout: float, processes: Processes
+    follower: JobFollower, console: Console, timeout: float, processes: Watched
 ) -> dict[str, Any]:
     """Show the job's states and progress until it is Complete; its final status."""
     begin = time.monotonic()
@@ -285,7 +294,7 @@ def _binaries_missing() -> bool:
 
 
 @contextlib.contextmanager
-def _step(console: Console, text: str) -> Iterator[None]:
+def step(console: Console, text: str) -> Iterator[None]:
     started = time.monotonic()
     with console.status(text):
         yield
@@ -299,80 +308,24 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 def run(options: DemoOptions, console: Console | None = None) -> int:
     """The whole command; returns the exit code."""
-    console = console or Console(soft_wrap=True)
-    begin = time.monotonic()
-    plane: ControlPlane | None = None
-    processes: Processes | None = None
-    keep = False
-    farewell = ""
+    shown = console or Console(soft_wrap=True)
+    if options.node == "real":
+        from poller.sandbox.realdemo import run_on_real_node
+
+        return _guarded(lambda: run_on_real_node(options, shown), shown)
+    return _guarded(lambda: _run_local(options, shown), shown)
+
+
+def _guarded(body: Callable[[], int], console: Console) -> int:
+    """Run `body`, turning the errors a newcomer can meet into a line and an exit code."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        clean_workdir(options.workdir)
-        documents = sample_documents(options.sample, options.model_port)
-        job_name = _job_name(documents)
-        if _binaries_missing():
-            console.print(
-                "[yellow]first run:[/] building etcd, kube-apiserver, kube-controller-manager, "
-                "kube-scheduler, kubectl and kwok from their Go modules (about 7 minutes on 2 "
-                "cores with an empty Go module cache; cached in ~/.cache/lmeval-poller after)"
-            )
-        plane = ControlPlane(options.workdir, kwok_nodes=1, die_with_parent=False)
-        with _step(
-            console, "local control plane (etcd, apiserver, controller-manager, scheduler, kwok)"
-        ):
-            plane.start()
-        times = plane.times
-        if times.binaries > 5:
-            console.print(f"  binaries built in {times.binaries:.0f} s (cached from now on)")
-        processes = Processes(plane)
-        with _step(console, "CRD, poller RBAC, job ServiceAccount and settings installed"):
-            install(plane, DEMO_NAMESPACE)
-        port = free_port(options.model_port)
-        metrics_port = free_port(METRICS_PORT)
-        documents = sample_documents(options.sample, port)
-        with _step(console, f"poller, local pod runner and model server on 127.0.0.1:{port}"):
-            start_processes(plane, processes, port, metrics_port)
-        sample_path = SAMPLES.get(options.sample) or Path(options.sample)
-        plane.kubectl(
-            "apply", "-n", DEMO_NAMESPACE, "-f", "-", input_text=yaml.safe_dump_all(documents)
-        )
-        console.print(f"[green]✓[/] applied {_shown(TASKS_FILE)} and {_shown(sample_path)}")
-        console.print(f"following LMEvalJob [bold]{DEMO_NAMESPACE}/{job_name}[/]:")
-        evaluation_begin = time.monotonic()
-        with api_client(plane.kubeconfig) as admin:
-            follower = JobFollower(admin, DEMO_NAMESPACE, job_name)
-            status = follow(follower, console, options.timeout, processes)
-            succeeded = status.get("reason") == "Succeeded"
-            if succeeded and status.get("results"):
-                console.print(results_table(json.loads(status["results"])))
-                if status.get("resultsReduced"):
-                    where = status.get("resultsConfigMap")
-                    console.print(f"  (reduced; the full JSON is in ConfigMap {where})")
-            elif not succeeded and status.get("podName"):
-                console.print(f"[dim]last lines of pod {status['podName']}:[/]")
-                console.print(
-                    follower.log_tail(status["podName"]),
-                    markup=False,
-                    highlight=False,
-                    soft_wrap=True,
-                )
-        evaluation = time.monotonic() - evaluation_begin
-        total = time.monotonic() - begin
-        console.print(
-            f"finished in {total:.0f} s: control plane {times.total:.0f} s, "
-            f"evaluation {evaluation:.0f} s (poll interval {SETTINGS['poll-interval']})"
-        )
-        keep = options.keep
-        if keep:
-            _explain(console, plane, job_name, status, options, metrics_port)
-        else:
-            farewell = "run again with --keep to explore the cluster with kubectl afterwards"
-        return 0 if succeeded else 1
+        return body()
     except DemoError as error:
         console.print(f"[red]sandbox run failed:[/] {error}")
         return 1
     except ControlPlaneError as error:
-        console.print(f"[red]the control plane did not start:[/] {error}")
+        console.print(f"[red]the cluster did not start:[/] {error}")
         return 1
     except RuntimeError as error:  # building the binaries failed (no Go, no network, ...)
         console.print(f"[red]sandbox run failed:[/] {error}")
@@ -385,12 +338,89 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _run_local(options: DemoOptions, console: Console) -> int:
+    """The command with the local pod runner as the kubelet."""
+    begin = time.monotonic()
+    plane: ControlPlane | None = None
+    processes: Processes | None = None
+    keep = False
+    farewell = ""
+    try:
+        clean_workdir(options.workdir)
+        documents = sample_documents(options.sample, options.model_port)
+        job_name = _job_name(documents)
+        if _binaries_missing():
+            console.print(
+                "[yellow]first run:[/] building etcd, kube-apiserver, kube-controller-manager, "
+                "kube-scheduler, kubectl and kwok from their Go modules (about 7 minutes on 2 "
+                "cores with an empty Go module cache; cached in ~/.cache/lmeval-poller after)"
+            )
+        plane = ControlPlane(
+            options.workdir, kwok_nodes=1, die_with_parent=False, taint_kwok_nodes=True
+        )
+        with step(
+            console, "local control plane (etcd, apiserver, controller-manager, scheduler, kwok)"
+        ):
+            plane.start()
+        times = plane.times
+        if times.binaries > 5:
+            console.print(f"  binaries built in {times.binaries:.0f} s (cached from now on)")
+        processes = Processes(plane)
+        with step(console, "CRD, poller RBAC, job ServiceAccount and settings installed"):
+            install(plane, DEMO_NAMESPACE)
+        port = free_port(options.model_port)
+        metrics_port = free_port(METRICS_PORT)
+        documents = sample_documents(options.sample, port)
+        with step(console, f"poller, local pod runner and model server on 127.0.0.1:{port}"):
+            start_processes(plane, processes, port, metrics_port)
+        sample_path = SAMPLES.get(options.sample) or Path(options.sample)
+        plane.kubectl(
+            "apply", "-n", DEMO_NAMESPACE, "-f", "-", input_text=yaml.safe_dump_all(documents)
+        )
+        console.print(f"[green]✓[/] applied {_shown(TASKS_FILE)} and {_shown(sample_path)}")
+        console.print(f"following LMEvalJob [bold]{DEMO_NAMESPACE}/{job_name}[/]:")
+        evaluation_begin = time.monotonic()
+        with api_client(plane.kubeconfig) as admin:
+            follower = JobFollower(admin, DEMO_NAMESPACE, job_name)
+            status = follow(follower, console, options.timeout, processes)
+            succeeded = show_outcome(console, follower, status)
+        evaluation = time.monotonic() - evaluation_begin
+        total = time.monotonic() - begin
+        console.print(
+            f"finished in {total:.0f} s: control plane {times.total:.0f} s, "
+            f"evaluation {evaluation:.0f} s (poll interval {SETTINGS['poll-interval']})"
+        )
+        keep = options.keep
+        if keep:
+            _explain(console, plane, job_name, status, options, metrics_port)
+        else:
+            farewell = "run again with --keep to explore the cluster with kubectl afterwards"
+        return 0 if succeeded else 1
+    finally:
         if not keep:
             if processes is not None:
                 processes.stop()
             if plane is not None:
                 plane.stop()
                 console.print("sandbox stopped" + (f"; {farewell}" if farewell else ""))
+
+
+def show_outcome(console: Console, follower: JobFollower, status: dict[str, Any]) -> bool:
+    """Print the results table, or the end of the pod log; True when it Succeeded."""
+    succeeded = status.get("reason") == "Succeeded"
+    if succeeded and status.get("results"):
+        console.print(results_table(json.loads(status["results"])))
+        if status.get("resultsReduced"):
+            where = status.get("resultsConfigMap")
+            console.print(f"  (reduced; the full JSON is in ConfigMap {where})")
+    elif not succeeded and status.get("podName"):
+        console.print(f"[dim]last lines of pod {status['podName']}:[/]")
+        console.print(
+            follower.log_tail(status["podName"]), markup=False, highlight=False, soft_wrap=True
+        )
+    return succeeded
 
 
 def _shown(path: Path) -> str:

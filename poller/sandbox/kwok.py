@@ -48,6 +48,8 @@ ANNOTATION_EXIT_MESSAGE = ANNOTATION_PREFIX + "exit-message"
 # kwok manages exactly the nodes with this label, never the sandbox's own
 # local-process node.
 KWOK_NODE_LABEL = ("type", "kwok")
+# Pods that mean to run on kwok tolerate this (benchmarks, scale tests).
+KWOK_NODE_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
 
 
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
@@ -58,8 +60,15 @@ def kwok_config_yaml() -> str:
     return STAGES_FILE.read_text()
 
 
-def node_body(name: str, *, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A fake node that kwok will manage and initialise (Ready, kubelet port)."""
+def node_body(
+    name: str, *, labels: Mapping[str, str] | None = None, tainted: bool = False
+) -> dict[str, Any]:
+    """A fake node that kwok will manage and initialise (Ready, kubelet port).
+
+    `tainted` keeps ordinary pods off it (`KWOK_NODE_TAINT`): where a real
+    node runs pods, a job without placement must land there, never "run" on
+    a node that runs nothing.
+    """
     all_labels = {
         KWOK_NODE_LABEL[0]: KWOK_NODE_LABEL[1],
         "kubernetes.io/hostname": name,
@@ -75,7 +84,7 @@ def node_body(name: str, *, labels: Mapping[str, str] | None = None) -> dict[str
             "labels": all_labels,
             "annotations": {"kwok.x-k8s.io/node": "fake"},
         },
-        "spec": {},
+        "spec": {"taints": [KWOK_NODE_TAINT]} if tainted else {},
     }
 
 

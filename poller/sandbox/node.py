@@ -46,8 +46,12 @@ def placement() -> dict[str, Any]:
 # -- the node ------------------------------------------------------------------------
 
 
-def node_body(name: str) -> dict[str, Any]:
-    """The Node object: labelled for `placement`, tainted against everything else."""
+def node_body(name: str, *, tainted: bool = True) -> dict[str, Any]:
+    """The Node object: labelled for `placement`, tainted against everything else.
+
+    Untainted (the sandbox's ``run``), it is where any job without placement
+    lands, which the kwok nodes, tainted there, then never take.
+    """
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -61,7 +65,7 @@ def node_body(name: str) -> dict[str, Any]:
             },
             "annotations": {"sandbox.lmeval.io/runner": "local processes"},
         },
-        "spec": {"taints": [dict(NODE_TAINT)]},
+        "spec": {"taints": [dict(NODE_TAINT)]} if tainted else {},
     }
 
 
@@ -121,12 +125,14 @@ def node_status(name: str, kwok_port: int, ready: bool = True) -> dict[str, Any]
     }
 
 
-def ensure_node(api: JsonApi, name: str, kwok_port: int, ready: bool = True) -> None:
+def ensure_node(
+    api: JsonApi, name: str, kwok_port: int, ready: bool = True, *, tainted: bool = True
+) -> None:
     """Create the node if needed and (re)write its status."""
     path = f"/api/v1/nodes/{name}"
     if ready and api.get_or_none(path) is None:
         with contextlib.suppress(ApiError):
-            api.request("POST", "/api/v1/nodes", body=node_body(name))
+            api.request("POST", "/api/v1/nodes", body=node_body(name, tainted=tainted))
     api.request(
         "PATCH",
         f"{path}/status",

@@ -21,7 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _VALIDITY = dt.timedelta(days=30)
 
-__all__ = ["CertPair", "Pki", "issue_client_cert", "make_pki"]
+__all__ = ["CertPair", "Pki", "issue_cert", "issue_client_cert", "make_pki"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class Pki:
     admin: CertPair
     controller_manager: CertPair
     scheduler: CertPair
+    # The apiserver's identity towards kubelets (logs, exec, port-forward).
+    apiserver_kubelet_client: CertPair
     sa_private_key: Path
     sa_public_key: Path
 
@@ -121,13 +123,9 @@ class _Issuer:
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         if server_names:
-            alt: list[x509.GeneralName] = []
-            for entry in server_names:
-                try:
-                    alt.append(x509.IPAddress(ipaddress.ip_address(entry)))
-                except ValueError:
-                    alt.append(x509.DNSName(entry))
-            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(_alt_names(server_names)), critical=False
+            )
         cert = builder.sign(self.key, hashes.SHA256())
         pair = CertPair(self.directory / f"{stem}.crt", self.directory / f"{stem}.key")
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -135,8 +133,12 @@ class _Issuer:
         return pair
 
 
-def make_pki(directory: Path) -> Pki:
-    """Create a fresh CA and every certificate the sandbox uses in `directory`."""
+def make_pki(directory: Path, *, extra_server_names: tuple[str, ...] = ()) -> Pki:
+    """Create a fresh CA and every certificate the sandbox uses in `directory`.
+
+    `extra_server_names` are more names (or IPs) for the apiserver's serving
+    certificate: the real node's pods reach it on the node's bridge address.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     issuer = _Issuer(directory)
     ca_cert = directory / "ca.crt"
@@ -152,6 +154,7 @@ def make_pki(directory: Path) -> Pki:
         "kubernetes.default",
         "kubernetes.default.svc",
         "kubernetes.default.svc.cluster.local",
+        *extra_server_names,
     )
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     sa_private = directory / "sa.key"
@@ -172,6 +175,12 @@ def make_pki(directory: Path) -> Pki:
             "controller-manager", "system:kube-controller-manager", client=True
         ),
         scheduler=issuer.issue("scheduler", "system:kube-scheduler", client=True),
+        apiserver_kubelet_client=issuer.issue(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            organization="system:masters",
+            client=True,
+        ),
         sa_private_key=sa_private,
         sa_public_key=sa_public,
     )
@@ -183,14 +192,32 @@ def issue_client_cert(pki: Pki, user: str, groups: tuple[str, ...] = ()) -> Cert
     Tests act as plain users this way: the apiserver maps CN to the user name
     and each O to a group, exactly as for a real cluster's client certs.
     """
+    stem = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+    return issue_cert(pki, stem, user, groups=groups)
+
+
+def issue_cert(
+    pki: Pki,
+    stem: str,
+    common_name: str,
+    *,
+    groups: tuple[str, ...] = (),
+    server_names: tuple[str, ...] = (),
+) -> CertPair:
+    """A certificate signed by the sandbox CA, written as `stem`.crt/.key beside it.
+
+    A client certificate (CN, O) unless `server_names` are given, in which
+    case it serves those names and IPs (a kubelet's serving certificate).
+    """
     ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
     key = ec.generate_private_key(ec.SECP256R1())
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, user)]
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
     now = dt.datetime.now(dt.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name(attrs))
         .issuer_name(ca_cert.subject)
@@ -199,11 +226,24 @@ def issue_client_cert(pki: Pki, user: str, groups: tuple[str, ...] = ()) -> Cert
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
-    stem = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+    if server_names:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(_alt_names(server_names)), critical=False
+        )
+    cert = builder.sign(ca_key, hashes.SHA256())
     pair = CertPair(pki.ca_cert.parent / f"{stem}.crt", pki.ca_cert.parent / f"{stem}.key")
     pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(pair.key, key)
     return pair
+
+
+def _alt_names(names: tuple[str, ...]) -> list[x509.GeneralName]:
+    alt: list[x509.GeneralName] = []
+    for entry in names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(entry)))
+        except ValueError:
+            alt.append(x509.DNSName(entry))
+    return alt

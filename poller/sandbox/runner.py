@@ -112,7 +112,9 @@ class LocalRunner:
         node_name: str = NODE_NAME,
         interval: float = 0.3,
         python: str = sys.executable,
+        tainted: bool = True,
     ) -> None:
+        self.tainted = tainted
         self.kubeconfig = kubeconfig
         self.workdir = workdir.resolve()
         self.kwok_port = kwok_port
@@ -199,7 +201,7 @@ class LocalRunner:
 
     def ensure_node(self, ready: bool = True) -> None:
         """Create the node if needed and (re)write its status."""
-        node.ensure_node(self.api, self.node_name, self.kwok_port, ready)
+        node.ensure_node(self.api, self.node_name, self.kwok_port, ready, tainted=self.tainted)
         self._node_refreshed = time.monotonic()
 
     # -- one poll --------------------------------------------------------------------
@@ -420,6 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--node-name", default=NODE_NAME)
     parser.add_argument("--interval", type=float, default=0.3, help="seconds between polls")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--untainted",
+        action="store_true",
+        help="create the node without its taint: jobs without placement land here",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -432,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.kwok_port,
         node_name=args.node_name,
         interval=args.interval,
+        tainted=not args.untainted,
     )
 
     def request_stop(signum: int, _frame: object) -> None:

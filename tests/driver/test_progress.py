@@ -233,3 +233,22 @@ def test_error_line_falls_back_to_error_log_then_last_line() -> None:
         warn.last_warning()
         == "Could not save results aggregated: OSError(36, 'File name too long')"
     )
+
+
+def test_error_line_with_its_message_below_names_the_last_line() -> None:
+    # numpy's ImportError (seen on a base image without libstdc++) prints its
+    # advice after the exception line, and the cause last.
+    tracker = ErrorLineTracker()
+    for line in [
+        '  File "/opt/lmeval/lib/python3.11/site-packages/numpy/_core/__init__.py", line 85',
+        "    raise ImportError(msg) from exc",
+        "ImportError: ",
+        "",
+        "IMPORTANT: PLEASE READ THIS FOR ADVICE ON HOW TO SOLVE THIS ISSUE!",
+        "Original error was: libstdc++.so.6: cannot open shared object file: No such file",
+    ]:
+        tracker.feed(line)
+    assert tracker.best() == (
+        "ImportError: Original error was: libstdc++.so.6: cannot open shared object file: "
+        "No such file"
+    )

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs, from Debian's packages, what the real node (poller/sandbox/realnode.py)
+# and the image builds (poller/sandbox/images.py) run but the project does not
+# build: containerd and runc, the CNI plugins, a registry server, image tools
+# and iptables for kube-proxy. Needs root; does nothing when all are there.
+# setup.sh runs it when it can; run it by hand (as root) otherwise.
+set -euo pipefail
+packages=(
+    containerd runc containernetworking-plugins docker-registry
+    buildah skopeo mmdebstrap busybox-static
+    iptables conntrack
+)
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+        || missing+=("$package")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "the real node needs these Debian packages (install them as root): ${missing[*]}" >&2
+    exit 2
+fi
+echo "== installing Debian packages for the real node: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q >/dev/null
+apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,167 @@
+"""``python -m poller.sandbox run --node real``: the sample job on a real kubelet.
+
+The default ``run`` (`poller.sandbox.demo`) plays the kubelet with local
+processes; this mode runs what a cluster runs: our images built from the
+Dockerfile (`poller.sandbox.images`), a real node (containerd, runc, CNI, a
+kubelet and kube-proxy, `poller.sandbox.realnode`), and the poller deployed
+with ``kubectl apply -k`` of ``deploy/`` from its own image, in-cluster. The
+sample is applied *without* its sandbox placement block, as a user applies a
+job on their cluster: it lands on the real node (kwok's nodes are tainted
+out of reach). The served-model sample's toy model server runs as a sidecar
+of the job pod, from the job image, so the job's ``base_url`` stays
+``127.0.0.1:8765``.
+
+It needs root and a few Debian packages (``deploy/sandbox/node-packages.sh``)
+and takes longer the first time (the images build once, cached by their
+inputs); its output and exit codes are the default mode's.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from poller import api
+from poller.sandbox import demo, images
+from poller.sandbox.bringup import DemoError, clean_workdir
+from poller.sandbox.controlplane import ControlPlane
+from poller.sandbox.deployed import apply_job_namespace, apply_poller
+from poller.sandbox.identities import api_client
+from poller.sandbox.realnode import NodeImage, RealNode
+
+__all__ = ["NODE_WORKDIR", "real_node_documents", "run_on_real_node", "stop_real_node"]
+
+NODE_WORKDIR = "node"
+SETTINGS = {"poll-interval": "1s", "progress-interval": "2s"}
+
+
+def real_node_documents(sample: str, job_image: str) -> list[dict[str, Any]]:
+    """The sample as a user would apply it: no placement; the model server as a sidecar."""
+    documents = copy.deepcopy(demo.sample_documents(sample, demo.MODEL_SERVER_PORT))
+    for document in documents:
+        if document.get("kind") != api.KIND:
+            continue
+        spec = document["spec"]
+        spec.pop("pod", None)
+        if spec.get("model") == "local-completions":
+            spec["pod"] = {
+                "sidecars": [
+                    {
+                        "name": "model",
+                        "image": job_image,
+                        "command": [
+                            "python",
+                            "-m",
+                            "poller.sandbox.model_server",
+                            "--host",
+                            "127.0.0.1",
+                            "--port",
+                            str(demo.MODEL_SERVER_PORT),
+                        ],
+                    }
+                ]
+            }
+    return documents
+
+
+class _NodeWatch:
+    """What `demo.follow` checks each tick: the node's processes are alive."""
+
+    def __init__(self, node: RealNode) -> None:
+        self.node = node
+
+    def check(self) -> None:
+        for name, alive in self.node.running().items():
+            if not alive:
+                raise DemoError(f"{name} of the real node exited\n{self.node.log_tail(name)}")
+
+
+def run_on_real_node(options: demo.DemoOptions, console: Console) -> int:
+    """The whole command on a real node; returns the exit code."""
+    begin = time.monotonic()
+    plane: ControlPlane | None = None
+    node: RealNode | None = None
+    keep = False
+    try:
+        clean_workdir(options.workdir)
+        with demo.step(console, "images built from the Dockerfile (cached by their inputs)"):
+            built = images.ensure_images()
+        plane = ControlPlane(options.workdir, kwok_nodes=1, die_with_parent=False, real_node=True)
+        with demo.step(
+            console, "local control plane (etcd, apiserver, controller-manager, scheduler, kwok)"
+        ):
+            plane.start()
+        node = RealNode(plane, options.workdir / NODE_WORKDIR, die_with_parent=False)
+        with demo.step(console, "real node (containerd, runc, kubelet, kube-proxy, registry)"):
+            node.start(
+                [NodeImage(image.archive, image.ref) for image in built.all()],
+                pause=built.pause.ref,
+            )
+        refs = {image.name: node.image(image.ref) for image in built.all()}
+        with demo.step(console, "poller deployed with kubectl apply -k deploy/ (in-cluster)"):
+            apply_poller(
+                plane,
+                options.workdir / "overlay",
+                poller_image=refs["poller"],
+                settings={**SETTINGS, "pod-image": refs["job"]},
+            )
+            apply_job_namespace(plane, options.workdir / "namespace", demo.DEMO_NAMESPACE)
+        documents = real_node_documents(options.sample, refs["job"])
+        job_name = next(d["metadata"]["name"] for d in documents if d.get("kind") == api.KIND)
+        plane.kubectl(
+            "apply",
+            "-n",
+            demo.DEMO_NAMESPACE,
+            "-f",
+            "-",
+            input_text=yaml.safe_dump_all(documents),
+        )
+        console.print(f"[green]✓[/] applied sample {options.sample} (no placement: any node)")
+        console.print(f"following LMEvalJob [bold]{demo.DEMO_NAMESPACE}/{job_name}[/]:")
+        evaluation_begin = time.monotonic()
+        with api_client(plane.kubeconfig) as admin:
+            follower = demo.JobFollower(admin, demo.DEMO_NAMESPACE, job_name)
+            status = demo.follow(follower, console, options.timeout, _NodeWatch(node))
+            succeeded = demo.show_outcome(console, follower, status)
+        pod = status.get("podName") or ""
+        where = plane.kubectl(
+            "get",
+            "pod",
+            pod,
+            "-n",
+            demo.DEMO_NAMESPACE,
+            "-o",
+            "jsonpath={.spec.nodeName}",
+            check=False,
+        ).stdout
+        console.print(
+            f"finished in {time.monotonic() - begin:.0f} s: evaluation "
+            f"{time.monotonic() - evaluation_begin:.0f} s on node {where or '(pod gone)'}"
+        )
+        keep = options.keep
+        if keep:
+            console.print(f"\nthe sandbox keeps running:\n  export KUBECONFIG={plane.kubeconfig}")
+            console.print(f"stop it:\n  {options.down_hint}", highlight=False)
+        return 0 if succeeded else 1
+    finally:
+        if not keep:
+            if node is not None:
+                node.stop()
+            if plane is not None:
+                plane.stop()
+                console.print("sandbox stopped")
+
+
+def stop_real_node(workdir: Path) -> bool:
+    """Stop the real node a ``run --node real --keep`` left (for ``down``)."""
+    node_dir = workdir / NODE_WORKDIR
+    if not (node_dir / "state.json").exists():
+        return False
+    plane = ControlPlane(workdir, real_node=True)
+    RealNode(plane, node_dir).stop()
+    return True

@@ -1,0 +1,197 @@
+"""Fixtures of the end-to-end suite on a real node.
+
+One control plane (``real_node=True``, kwok nodes tainted out of reach) and
+one real node (containerd, runc, CNI, kubelet, kube-proxy; images from a
+registry on loopback) per session; the images are built from our Dockerfile
+(`poller.sandbox.images`, cached by their inputs); the poller is deployed by
+``kubectl apply -k`` of ``deploy/`` with its own image and runs in-cluster.
+Each test gets a job namespace made from ``deploy/components/job-namespace``
+(Pod Security ``restricted`` enforced) and sees jobs as a user does: through
+their status.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from poller import api
+from poller.sandbox import demo, images
+from poller.sandbox.controlplane import ControlPlane
+from poller.sandbox.deployed import apply_job_namespace, apply_poller
+from poller.sandbox.nodeconfig import NODE_NAME
+from poller.sandbox.realnode import NodeImage, RealNode
+from tests.waiting import wait_for
+
+# Small enough that an evaluation's log rotates (test_log_rotation).
+CONTAINER_LOG_MAX_SIZE = "200Ki"
+MODEL_PORT = 8765
+FINAL_STATES = ("Complete", "Cancelled")
+
+
+@dataclass
+class NodeCluster:
+    """The plane, the node, the images by role, and helpers to act as a user."""
+
+    plane: ControlPlane
+    node: RealNode
+    image_refs: dict[str, str]
+    workdir: Path
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60) -> str:
+        return self.plane.kubectl(*args, check=check, timeout=timeout).stdout
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any]:
+        out = self.plane.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    def job_status(self, namespace: str, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self.get(api.PLURAL, name, namespace).get("status", {})
+        return status
+
+    def wait_final(self, namespace: str, name: str, timeout: float = 300) -> dict[str, Any]:
+        """The job's status once it is Complete or Cancelled."""
+
+        def final() -> dict[str, Any] | None:
+            status = self.job_status(namespace, name)
+            return status if status.get("state") in FINAL_STATES else None
+
+        try:
+            return wait_for(final, timeout=timeout, interval=0.5, what=f"{namespace}/{name} final")
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.diagnostics(namespace)}") from None
+
+    def apply(self, *documents: Mapping[str, Any], namespace: str) -> None:
+        self.plane.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input_text=yaml.safe_dump_all([dict(d) for d in documents]),
+        )
+
+    def set_settings(self, **values: str) -> None:
+        """Patch the live settings ConfigMap (the poller re-reads it every cycle)."""
+        data = {key.replace("_", "-"): value for key, value in values.items()}
+        self.settings.update(data)
+        self.plane.kubectl(
+            "-n",
+            "lmeval-system",
+            "patch",
+            "configmap",
+            "lmeval-poller-config",
+            "--type=merge",
+            "-p",
+            json.dumps({"data": data}),
+        )
+
+    def pod_of(self, namespace: str, job: str) -> dict[str, Any]:
+        name = self.job_status(namespace, job).get("podName", "")
+        return self.get("pod", name, namespace) if name else {}
+
+    def diagnostics(self, namespace: str) -> str:
+        parts = [
+            self.kubectl("get", "lmevaljobs,pods", "-n", namespace, "-o", "wide", check=False),
+            self.kubectl("get", "events", "-n", namespace, check=False)[-3000:],
+            self.kubectl(
+                "-n", "lmeval-system", "logs", "deployment/lmeval-poller", "--tail=30", check=False
+            ),
+            self.node.log_tail("kubelet", 15),
+        ]
+        return "\n".join(parts)
+
+
+def job_body(sample_name: str, name: str, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tasks ConfigMap, LMEvalJob) from deploy/samples, without its sandbox `pod` block."""
+    documents = demo.sample_documents(sample_name, MODEL_PORT)
+    configmap = next(d for d in documents if d["kind"] == "ConfigMap")
+    job = copy.deepcopy(next(d for d in documents if d["kind"] == api.KIND))
+    job["spec"].pop("pod", None)
+    job["metadata"] = {"name": name}
+    job["spec"].update(spec)
+    return configmap, job
+
+
+def model_server_sidecar(image: str) -> dict[str, Any]:
+    """The sample model server in the job pod, from the job image."""
+    return {
+        "name": "model",
+        "image": image,
+        "command": [
+            "python",
+            "-m",
+            "poller.sandbox.model_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(MODEL_PORT),
+        ],
+    }
+
+
+@pytest.fixture(scope="session")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    """Plane + real node + images + the deployed poller, once per session."""
+    workdir = Path(os.environ.get("LMEVAL_TEST_NODE_DIR", tmp_path_factory.mktemp("node")))
+    built = images.ensure_images()
+    plane = ControlPlane(workdir / "plane", real_node=True)
+    plane.start()
+    node = RealNode(plane, workdir / "node", container_log_max_size=CONTAINER_LOG_MAX_SIZE)
+    try:
+        node.start(
+            [NodeImage(image.archive, image.ref) for image in built.all()],
+            pause=built.pause.ref,
+        )
+        refs = {image.name: node.image(image.ref) for image in built.all()}
+        cluster = NodeCluster(plane, node, refs, workdir)
+        settings = {
+            "poll-interval": "1s",
+            "pod-image": refs["job"],
+            "image-pull-policy": "IfNotPresent",
+            "pod-pending-timeout": "40s",
+            "progress-interval": "2s",
+            "results-source": "log",
+        }
+        cluster.settings.update(settings)
+        apply_poller(plane, workdir / "overlay", poller_image=refs["poller"], settings=settings)
+        print(f"\nreal node ready: {json.dumps({k: round(v, 1) for k, v in node.times.items()})}")
+        yield cluster
+    finally:
+        node.stop()
+        plane.stop()
+
+
+@pytest.fixture
+def job_namespace(node_cluster: NodeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace made ready for jobs with deploy/components/job-namespace."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    annotations: dict[str, str] = getattr(request, "param", {}) or {}
+    apply_job_namespace(
+        node_cluster.plane,
+        node_cluster.workdir / "namespaces" / name,
+        name,
+        annotations=annotations,
+    )
+    wait_for(
+        lambda: node_cluster.get("serviceaccount", "lmeval-job", name),
+        timeout=30,
+        what=f"lmeval-job in {name}",
+    )
+    yield name
+    node_cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+__all__ = ["NODE_NAME", "NodeCluster", "job_body", "model_server_sidecar"]
