@@ -6,6 +6,10 @@
 #   ~/.cache/lmeval-poller/venv-<hash of pyproject.toml>   Python environment
 #   ~/.cache/lmeval-poller/bin-<hash of the Go modules>    control plane (+ kwok, kubectl)
 #   ~/.cache/lmeval-poller/prometheus-<hash>               Prometheus and promtool
+#   ~/.cache/lmeval-poller/images-<hash>                   our images (OCI archives),
+#                                                          built when the real node needs them
+# As root it also installs the Debian packages of the real node (containerd,
+# runc, CNI plugins, registry, buildah...): deploy/sandbox/node-packages.sh.
 # LMEVAL_CACHE moves them; LMEVAL_SANDBOX_BIN points at ready control-plane
 # binaries; LMEVAL_PROMETHEUS_BIN at ready Prometheus binaries.
 set -euo pipefail
@@ -36,5 +40,11 @@ fi
 export PATH=$venv/bin:$PATH
 export LMEVAL_VENV=$venv
 
-echo "== control-plane binaries (first run: about 7 minutes of Go builds)"
+echo "== control-plane and node binaries (first run: about 12 minutes of Go builds)"
 python -m poller.sandbox build
+
+if [ "$(id -u)" -eq 0 ]; then
+    bash deploy/sandbox/node-packages.sh
+else
+    echo "== not root: the real node (tests/node, run --node real) cannot start here"
+fi

@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -185,6 +186,7 @@ class RealNode:
         _unmount_under([self.workdir, self.containerd_root])
         _remove_cgroup_tree("kubepods")
         _run_quiet(["iptables", "-D", *_FIREWALL_RULE])
+        _remove_kube_chains()
         _run_quiet(["ip", "link", "del", BRIDGE])
         for proc in self._processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -289,7 +291,22 @@ class RealNode:
                 cert_dir=self.workdir / "kubelet-pki",
             ),
         )
-        self._wait_until("kubelet", self._node_ready, timeout)
+        healthz = f"http://127.0.0.1:{self.ports.kubelet_healthz}/healthz"
+        self._wait_until(
+            "kubelet", lambda: _http_status(healthz) == 200 and self._node_ready(), timeout
+        )
+
+    def restart_kubelet(self, *, container_log_max_size: str, timeout: float = 60.0) -> None:
+        """Restart the kubelet with another ``containerLogMaxSize``; pods keep running.
+
+        The size is node-wide: a test that needs a tiny one sets it for
+        itself instead of exposing every other test to log rotation.
+        """
+        self.container_log_max_size = container_log_max_size
+        process = self._processes.pop("kubelet")
+        _terminate(process.pid)
+        process.wait(timeout=10)
+        self._start_kubelet(timeout)
 
     def _start_kube_proxy(self, timeout: float) -> None:
         pki = self.plane.pki
@@ -426,6 +443,31 @@ def _run(argv: list[str]) -> None:
 def _run_quiet(argv: list[str]) -> None:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(argv, capture_output=True, timeout=60)
+
+
+def _remove_kube_chains() -> None:
+    """Remove the kubelet's own iptables chains (KUBE-FIREWALL, the canaries).
+
+    kube-proxy's ``--cleanup`` removes its chains but not the kubelet's, and
+    a stopped node must leave the machine's firewall as it found it.
+    """
+    for table in ("filter", "nat", "mangle"):
+        try:
+            listed = subprocess.run(
+                ["iptables", "-t", table, "-S"], capture_output=True, text=True, timeout=30
+            ).stdout.splitlines()
+        except (OSError, subprocess.SubprocessError):
+            return
+        chains = [line.split()[1] for line in listed if line.startswith("-N KUBE-")]
+        for line in listed:
+            words = shlex.split(line)
+            jumps_to_ours = "-j" in words and words[words.index("-j") + 1] in chains
+            if words[:1] == ["-A"] and words[1] not in chains and jumps_to_ours:
+                _run_quiet(["iptables", "-t", table, "-D", *words[1:]])
+        for chain in chains:
+            _run_quiet(["iptables", "-t", table, "-F", chain])
+        for chain in chains:
+            _run_quiet(["iptables", "-t", table, "-X", chain])
 
 
 def _http_status(url: str) -> int:

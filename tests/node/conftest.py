@@ -33,8 +33,8 @@ from poller.sandbox.nodeconfig import NODE_NAME
 from poller.sandbox.realnode import NodeImage, RealNode
 from tests.waiting import wait_for
 
-# Small enough that an evaluation's log rotates (test_log_rotation).
-CONTAINER_LOG_MAX_SIZE = "200Ki"
+# The kubelet's default; test_rotated_log_still_yields_results lowers it.
+CONTAINER_LOG_MAX_SIZE = "10Mi"
 MODEL_PORT = 8765
 FINAL_STATES = ("Complete", "Cancelled")
 
@@ -141,6 +141,18 @@ def model_server_sidecar(image: str) -> dict[str, Any]:
     }
 
 
+def served_job(
+    cluster: NodeCluster, name: str, *, delay: str = ""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The served-model sample with the model server as a sidecar (slowed by `delay` s)."""
+    configmap, job = job_body("served-model", name)
+    sidecar = model_server_sidecar(cluster.image_refs["job"])
+    if delay:
+        sidecar["command"] += ["--delay", delay]
+    job["spec"]["pod"] = {"sidecars": [sidecar]}
+    return configmap, job
+
+
 @pytest.fixture(scope="session")
 def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     """Plane + real node + images + the deployed poller, once per session."""
@@ -194,4 +206,4 @@ def job_namespace(node_cluster: NodeCluster, request: pytest.FixtureRequest) -> 
     node_cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-__all__ = ["NODE_NAME", "NodeCluster", "job_body", "model_server_sidecar"]
+__all__ = ["NODE_NAME", "NodeCluster", "job_body", "model_server_sidecar", "served_job"]

@@ -17,6 +17,7 @@ Checks, on the real node:
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.node]
 POLLER_USER = "system:serviceaccount:lmeval-system:lmeval-poller"
 
 
-def _poller_pod(cluster: NodeCluster) -> dict:  # type: ignore[type-arg]
+def _poller_pod(cluster: NodeCluster) -> dict[str, Any]:
     pods = json.loads(
         cluster.kubectl(
             "get",
@@ -54,7 +55,7 @@ def test_poller_runs_in_cluster_with_its_token(node_cluster: NodeCluster) -> Non
     assert ready["Ready"] == "True", pod["status"]
     pod_ip = pod["status"]["podIP"]
 
-    def from_the_pod() -> list[dict] | None:  # type: ignore[type-arg]
+    def from_the_pod() -> list[dict[str, Any]] | None:
         lines = node_cluster.plane.audit.path.read_text().splitlines()
         events = [json.loads(line) for line in lines if line.strip()]
         found = [

@@ -16,22 +16,13 @@ Checks, on the real node:
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
-from tests.node.conftest import NodeCluster, job_body, model_server_sidecar
+from tests.node.conftest import NodeCluster, job_body, served_job
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.node, pytest.mark.lmeval]
-
-
-def _slow_served_job(cluster: NodeCluster, name: str, delay: str) -> tuple[Any, Any]:
-    configmap, job = job_body("served-model", name)
-    sidecar = model_server_sidecar(cluster.image_refs["job"])
-    sidecar["command"] += ["--delay", delay]
-    job["spec"]["pod"] = {"sidecars": [sidecar]}
-    return configmap, job
 
 
 def _main_running(cluster: NodeCluster, namespace: str, job: str) -> bool:
@@ -45,7 +36,7 @@ def _main_running(cluster: NodeCluster, namespace: str, job: str) -> bool:
 def test_cancel_reaches_lm_eval_through_the_kubelet(
     node_cluster: NodeCluster, job_namespace: str
 ) -> None:
-    configmap, job = _slow_served_job(node_cluster, "cancelled", delay="2")
+    configmap, job = served_job(node_cluster, "cancelled", delay="2")
     node_cluster.apply(configmap, job, namespace=job_namespace)
     wait_for(
         lambda: node_cluster.job_status(job_namespace, "cancelled").get("state") == "Running",

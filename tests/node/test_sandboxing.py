@@ -15,10 +15,11 @@ an arbitrary UID in group 0 (an OpenShift namespace's range):
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from tests.node.conftest import NodeCluster, job_body, model_server_sidecar
+from tests.node.conftest import NodeCluster, served_job
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.node, pytest.mark.lmeval]
@@ -46,14 +47,11 @@ print(json.dumps({
 """
 
 
-def _probe_running_job(cluster: NodeCluster, namespace: str) -> dict:  # type: ignore[type-arg]
-    configmap, job = job_body("served-model", "probed")
-    sidecar = model_server_sidecar(cluster.image_refs["job"])
-    sidecar["command"] += ["--delay", "0.5"]
-    job["spec"]["pod"] = {"sidecars": [sidecar]}
+def _probe_running_job(cluster: NodeCluster, namespace: str) -> dict[str, Any]:
+    configmap, job = served_job(cluster, "probed", delay="0.5")
     cluster.apply(configmap, job, namespace=namespace)
 
-    def probe() -> dict | None:  # type: ignore[type-arg]
+    def probe() -> dict[str, Any] | None:
         pod = cluster.job_status(namespace, "probed").get("podName")
         if not pod:
             return None
@@ -78,7 +76,7 @@ def _probe_running_job(cluster: NodeCluster, namespace: str) -> dict:  # type: i
     return seen
 
 
-def _check_sandbox(seen: dict, uid: int) -> None:  # type: ignore[type-arg]
+def _check_sandbox(seen: dict[str, Any], uid: int) -> None:
     assert seen["uid"] == uid
     assert seen["uid"] != 0
     assert seen["gid"] == 0 or 0 in seen["groups"], seen
