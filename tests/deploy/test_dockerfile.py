@@ -55,6 +55,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from poller import podspec
+from poller.sandbox import images
 from poller.settings import Settings
 from tests.deploy.conftest import DEPLOY, REPO, find, yaml_file
 
@@ -356,9 +357,12 @@ def test_python_version_is_the_tested_one() -> None:
     assert global_args["BUSYBOX_BASE"].startswith("busybox:")
     assert [s.name for s in stages] == ["python-base", "build", "driver", "job", "poller"]
     assert stages[-1].name == "poller", "the default target (the last stage) is the operator"
-    # The bases are build arguments.
+    # The bases are build arguments, which the sandbox's image build fills in
+    # with its own (poller/sandbox/images.py), the same Python release.
     assert stages[0].base == global_args["PYTHON_BASE"]
     assert next(s for s in stages if s.name == "driver").base == global_args["BUSYBOX_BASE"]
+    assert set(images.BUILD_ARGS) == {"PYTHON_BASE", "BUSYBOX_BASE"} <= set(global_args)
+    assert images.BUILD_ARGS["PYTHON_BASE"].endswith(f":{tested}-bookworm")
 
 
 def test_build_stage_makes_one_wheel(builder: Builder) -> None:
