@@ -15,12 +15,17 @@
 # file with hadolint and runs its COPY and RUN steps in throwaway
 # directories and virtual environments. For that, RUN steps name absolute
 # paths only through the variables declared here (the test maps them).
+#
+# The base images are build arguments. The defaults are Docker Hub's; the
+# sandbox (`python -m poller.sandbox images`, poller/sandbox/images.py) builds
+# both from Debian's packages instead and passes them here, so any base works
+# that has `python` (3.11) with its venv module on PATH, or busybox's `cp`.
 
-ARG PYTHON_VERSION=3.11
-ARG BUSYBOX_VERSION=1.37.0
+ARG PYTHON_BASE=python:3.11-slim-bookworm
+ARG BUSYBOX_BASE=busybox:1.37.0
 
 # -- python-base: what every Python stage shares --------------------------------
-FROM python:${PYTHON_VERSION}-slim-bookworm AS python-base
+FROM ${PYTHON_BASE} AS python-base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -34,7 +39,9 @@ FROM python-base AS build
 WORKDIR /src
 # .dockerignore narrows the context to pyproject.toml, README.md and the packages.
 COPY . .
-RUN pip wheel --no-deps --wheel-dir "${WHEELS}" .
+# pip from a venv of its own: a distribution's Python (Debian's) may come without it.
+RUN python -m venv "${VIRTUAL_ENV}" \
+    && pip wheel --no-deps --wheel-dir "${WHEELS}" .
 
 # -- driver: the driver package alone, for the job pod's init container ---------
 # With the setting driver-image, the poller's init container runs
@@ -42,7 +49,7 @@ RUN pip wheel --no-deps --wheel-dir "${WHEELS}" .
 # evaluation runs `python -m driver` with PYTHONPATH=/opt/lmeval-driver, so
 # any image with Python and lm-eval can be the pod image. The driver uses the
 # standard library only; busybox brings `cp`.
-FROM busybox:${BUSYBOX_VERSION} AS driver
+FROM ${BUSYBOX_BASE} AS driver
 COPY --from=build /src/driver/ /opt/lmeval/driver/
 USER 1001:0
 

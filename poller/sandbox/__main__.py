@@ -6,7 +6,8 @@ stops it. The processes outlive this command: their PIDs are in the work
 directory's ``state.json``, which is what ``down`` reads. ``run`` does it all
 for one real evaluation (see `poller.sandbox.demo`): plane, poller, local pod
 runner, toy model server, a sample job, its results; ``--keep`` leaves them
-up for ``down``.
+up for ``down``. ``images`` builds (or reuses) the project's container images
+for a real node (see `poller.sandbox.images`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,25 @@ def cmd_build(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    from poller.sandbox import images
+
+    try:
+        built = images.ensure_images()
+    except images.ImageBuildError as error:
+        print(f"image build failed: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print((built.directory / "images.json").read_text(), end="")
+        return 0
+    for image in built.all():
+        mib = image.size_bytes / 2**20, image.archive_bytes / 2**20
+        sizes = f"{mib[0]:7.1f} MiB ({mib[1]:.1f} MiB archived)"
+        print(f"  {image.name:<7} {image.ref:<34} {sizes}  {image.archive}")
+    print(f"described in {built.directory / 'images.json'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m poller.sandbox",
@@ -161,6 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "build", help="build or find the binaries, print their directory"
     ).set_defaults(func=cmd_build)
+    images = commands.add_parser(
+        "images",
+        help="build or find the container images (OCI archives), list them",
+        description="Build the Python and busybox bases from Debian packages, the pause image "
+        "and the Dockerfile's targets with buildah, export each as an OCI archive outside the "
+        "clone (see poller/sandbox/images.py). A second run with the same inputs does nothing.",
+    )
+    images.add_argument("--json", action="store_true", help="print images.json instead")
+    images.set_defaults(func=cmd_images)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

@@ -7,7 +7,8 @@ instructions verbatim with ``/bin/sh -c``, each stage in a directory of its
 own standing for the image's filesystem. RUN steps name absolute paths only
 through ENV variables (checked here), which the interpreter points into that
 directory; the base image's Python is a fresh virtual environment of the
-test's Python (its version must be the Dockerfile's ``PYTHON_VERSION``).
+test's Python (its version must be the one of the Dockerfile's default
+``PYTHON_BASE``).
 
 Checks:
 
@@ -54,6 +55,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from poller import podspec
+from poller.sandbox import images
 from poller.settings import Settings
 from tests.deploy.conftest import DEPLOY, REPO, find, yaml_file
 
@@ -350,9 +352,17 @@ def test_hadolint_reports_nothing() -> None:
 
 def test_python_version_is_the_tested_one() -> None:
     global_args, stages = parse(DOCKERFILE)
-    assert global_args["PYTHON_VERSION"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    tested = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert global_args["PYTHON_BASE"] == f"python:{tested}-slim-bookworm"
+    assert global_args["BUSYBOX_BASE"].startswith("busybox:")
     assert [s.name for s in stages] == ["python-base", "build", "driver", "job", "poller"]
     assert stages[-1].name == "poller", "the default target (the last stage) is the operator"
+    # The bases are build arguments, which the sandbox's image build fills in
+    # with its own (poller/sandbox/images.py), the same Python release.
+    assert stages[0].base == global_args["PYTHON_BASE"]
+    assert next(s for s in stages if s.name == "driver").base == global_args["BUSYBOX_BASE"]
+    assert set(images.BUILD_ARGS) == {"PYTHON_BASE", "BUSYBOX_BASE"} <= set(global_args)
+    assert images.BUILD_ARGS["PYTHON_BASE"].endswith(f":{tested}-bookworm")
 
 
 def test_build_stage_makes_one_wheel(builder: Builder) -> None:
