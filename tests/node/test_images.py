@@ -6,17 +6,14 @@ an arbitrary UID in group 0, no capabilities, no new privileges, a read-only
 root filesystem with tmpfs where a pod has emptyDirs, and a network namespace
 of its own (no network at all).
 
-Building the images takes minutes, so these tests run only when they are
-built already (`python -m poller.sandbox images`) or when
-``LMEVAL_BUILD_IMAGES=1`` asks for the build; they need root, buildah,
-skopeo and runc.
+The images are built once for the whole node suite (cached by their
+inputs); like the rest of tests/node, these tests need root, buildah, skopeo
+and runc (deploy/sandbox/node-packages.sh), and fail, never skip, without.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import time
@@ -31,24 +28,14 @@ from poller import api, podspec
 from poller.sandbox import images
 from poller.settings import Settings
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("runc", "buildah", "skopeo")),
-    reason="needs root, runc, buildah and skopeo",
-)
+pytestmark = [pytest.mark.node]
 
 UID = 100_123  # an arbitrary UID, as OpenShift assigns one, in group 0
 
 
 @pytest.fixture(scope="module")
 def image_set() -> images.ImageSet:
-    found = images.cached()
-    if found is None:
-        if os.environ.get("LMEVAL_BUILD_IMAGES") != "1":
-            pytest.skip(
-                "images not built: `python -m poller.sandbox images` or LMEVAL_BUILD_IMAGES=1"
-            )
-        found = images.ensure_images()
-    return found
+    return images.ensure_images()
 
 
 class Mounted:
@@ -189,7 +176,7 @@ def test_job_image_runs_the_driver_and_lm_eval(tmp_path: Path, mounted: dict[str
 def test_driver_image_feeds_the_init_container(tmp_path: Path, mounted: dict[str, Mounted]) -> None:
     driver = mounted["driver"]
     assert (driver.root / podspec.DRIVER_IMAGE_SOURCE.lstrip("/") / "__main__.py").is_file()
-    settings = Settings(**{"driver-image": "registry.example/lmeval-driver:test"})
+    settings = Settings.model_validate({"driver-image": "registry.example/lmeval-driver:test"})
     pod = podspec.build_pod(
         name="j",
         namespace="ns",
