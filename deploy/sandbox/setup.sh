@@ -40,7 +40,7 @@ fi
 export PATH=$venv/bin:$PATH
 export LMEVAL_VENV=$venv
 
-echo "== control-plane and node binaries (first run: about 12 minutes of Go builds)"
+echo "== control-plane and node binaries (first run: about 8 minutes of Go builds)"
 python -m poller.sandbox build
 
 if [ "$(id -u)" -eq 0 ]; then

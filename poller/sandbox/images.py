@@ -50,14 +50,17 @@ DOCKERFILE = REPO_ROOT / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 PAUSE_SOURCE = REPO_ROOT / "deploy" / "sandbox" / "node" / "pause.c"
 
-FORMAT = 1  # bump when this module changes what it builds
+FORMAT = 2  # bump when this module changes what it builds
 TAG = "dev"
-IMAGE_NAMES = ("poller", "job", "driver", "pause")
+IMAGE_NAMES = ("poller", "job", "driver", "pause", "plain")
 REFS = {
     "poller": f"lmeval-poller/lmeval-poller:{TAG}",
     "job": f"lmeval-poller/lmeval-job:{TAG}",
     "driver": f"lmeval-poller/lmeval-driver:{TAG}",
     "pause": f"lmeval-poller/pause:{TAG}",
+    # Not a Dockerfile target: the job image without our wheel (no driver),
+    # "any image with Python and lm-eval" for the driver-image path's test.
+    "plain": f"lmeval-poller/lm-eval-plain:{TAG}",
 }
 PYTHON_BASE = "localhost/lmeval-base/python:3.11-bookworm"
 BUSYBOX_BASE = "localhost/lmeval-base/busybox:bookworm"
@@ -95,7 +98,7 @@ class ImageBuildError(RuntimeError):
 class Image:
     """One exported image: its OCI archive and the reference stored in it."""
 
-    name: str  # poller, job, driver or pause
+    name: str  # poller, job, driver, pause or plain
     ref: str  # e.g. lmeval-poller/lmeval-job:dev (no registry host)
     archive: Path
     size_bytes: int  # the layers, uncompressed
@@ -104,7 +107,7 @@ class Image:
 
 @dataclass(frozen=True)
 class ImageSet:
-    """The four images of one key, and what building them cost (cold)."""
+    """The five images of one key, and what building them cost (cold)."""
 
     directory: Path
     key: str
@@ -112,10 +115,11 @@ class ImageSet:
     job: Image
     driver: Image
     pause: Image
+    plain: Image
     build_seconds: dict[str, float]
 
     def all(self) -> tuple[Image, ...]:
-        return (self.poller, self.job, self.driver, self.pause)
+        return (self.poller, self.job, self.driver, self.pause, self.plain)
 
 
 # -- the keys ------------------------------------------------------------------------------
@@ -349,6 +353,35 @@ def _bud(target: str, work: Path, log: Path) -> None:
     _run(argv, log)
 
 
+def _plain(_: Path, log: Path) -> None:
+    """lm-eval without the driver: the job image with our wheel uninstalled."""
+    container = _run(
+        ["buildah", "from", "--quiet", "--pull-never", f"localhost/{REFS['job']}"],
+        log,
+        capture=True,
+    ).strip()
+    try:
+        run = ["buildah", "run", "--isolation", "chroot", "--network", "none", container, "--"]
+        _run([*run, "pip", "uninstall", "--yes", "--quiet", "lmeval-poller"], log)
+        # Prove it: the driver is gone, lm_eval is there.
+        _run(
+            [
+                *run,
+                "python",
+                "-c",
+                "import lm_eval, importlib.util as u; "
+                "assert u.find_spec('driver') is None, 'the driver is still installed'",
+            ],
+            log,
+        )
+        _run(
+            ["buildah", "config", "--cmd", '["python", "-m", "lm_eval", "--help"]', container], log
+        )
+        _run(["buildah", "commit", "--quiet", container, f"localhost/{REFS['plain']}"], log)
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True)
+
+
 def _uncompressed_size(archive: Path) -> int:
     """The image's layers, uncompressed, read from its OCI archive."""
     with tarfile.open(archive) as tar:
@@ -376,11 +409,14 @@ def _build(key: str, directory: Path, log: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="lmeval-images-") as tmp:
         work = Path(tmp)
         steps = {"python-base": _python_base, "busybox-base": _busybox_base, "pause": _pause}
-        for step in [*steps, "job", "poller", "driver"]:
+        derived = {"plain": _plain}
+        for step in [*steps, "job", "poller", "driver", *derived]:
             print(f"  {step} ...", file=sys.stderr)
             started = time.monotonic()
             if step in steps:
                 steps[step](work, log)
+            elif step in derived:
+                derived[step](work, log)
             else:
                 _bud(step, work, log)
             seconds[step] = round(time.monotonic() - started, 1)

@@ -19,10 +19,13 @@ import json
 
 import pytest
 
-from tests.node.conftest import NodeCluster, job_body, served_job
+from tests.node.conftest import SUITE_PENDING, NodeCluster, job_body, served_job
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.node, pytest.mark.lmeval]
+
+# Long enough to see the kubelet retry, short enough for the suite.
+PENDING = "20s"
 
 
 def _main_running(cluster: NodeCluster, namespace: str, job: str) -> bool:
@@ -61,6 +64,7 @@ def test_cancel_reaches_lm_eval_through_the_kubelet(
     status = node_cluster.wait_final(job_namespace, "cancelled", timeout=120)
     assert status["reason"] == "Cancelled", status.get("message")
     message = status.get("message", "")
+    print(f"cancel: {message}")
     assert "cancel" in message.lower(), message
 
 
@@ -73,6 +77,7 @@ def test_memory_limit_ends_failed_with_oomkilled(
     node_cluster.apply(configmap, job, namespace=job_namespace)
     status = node_cluster.wait_final(job_namespace, "oom", timeout=180)
     assert status["reason"] == "Failed", status
+    print(f"oom: {status.get('message')}")
     assert "OOMKilled" in status.get("message", ""), status.get("message")
 
 
@@ -80,15 +85,18 @@ def test_missing_image_fails_with_the_kubelets_words(
     node_cluster: NodeCluster, job_namespace: str
 ) -> None:
     missing = node_cluster.node.image("lmeval-poller/no-such-image:absent")
-    node_cluster.set_settings(pod_image=missing)
+    node_cluster.set_settings(pod_image=missing, pod_pending_timeout=PENDING)
     try:
         configmap, job = job_body("dummy-model", "no-image")
         node_cluster.apply(configmap, job, namespace=job_namespace)
         status = node_cluster.wait_final(job_namespace, "no-image", timeout=180)
     finally:
-        node_cluster.set_settings(pod_image=node_cluster.image_refs["job"])
+        node_cluster.set_settings(
+            pod_image=node_cluster.image_refs["job"], pod_pending_timeout=SUITE_PENDING
+        )
     assert status["reason"] == "Failed", status
     message = status.get("message", "")
+    print(f"missing image: {message}")
     assert "ErrImagePull" in message or "ImagePullBackOff" in message, message
     assert "no-such-image" in message, message
 
@@ -100,9 +108,14 @@ def test_missing_secret_fails_with_create_container_config_error(
     job["spec"]["envSecrets"] = [
         {"env": "OPENAI_API_KEY", "secretRef": {"name": "absent-secret", "key": "token"}}
     ]
-    node_cluster.apply(configmap, job, namespace=job_namespace)
-    status = node_cluster.wait_final(job_namespace, "no-secret", timeout=180)
+    node_cluster.set_settings(pod_pending_timeout=PENDING)
+    try:
+        node_cluster.apply(configmap, job, namespace=job_namespace)
+        status = node_cluster.wait_final(job_namespace, "no-secret", timeout=180)
+    finally:
+        node_cluster.set_settings(pod_pending_timeout=SUITE_PENDING)
     assert status["reason"] == "Failed", status
     message = status.get("message", "")
+    print(f"missing secret: {message}")
     assert "CreateContainerConfigError" in message, message
     assert "absent-secret" in message, message
