@@ -2,7 +2,8 @@
 # The project's test command (README): from a fresh clone, install what the
 # tests need from the project's own files (deploy/sandbox/setup.sh: Python
 # environment, control plane, Prometheus, all cached outside the clone), lint,
-# type-check, and run the suite. Arguments go to pytest.
+# type-check, check the import contracts (pyproject.toml), and run the suite.
+# Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=../deploy/sandbox/setup.sh
@@ -11,9 +12,10 @@ source deploy/sandbox/setup.sh
 echo "== Prometheus (for the metrics tests)"
 python -m poller.sandbox.prometheus
 
-echo "== ruff and mypy"
+echo "== ruff, mypy and the import contracts"
 ruff check .
 mypy
+lint-imports --no-cache --no-logo
 
 if [ "$#" -eq 0 ]; then
     # The full run also runs the scale benchmark in quick mode (N=200), so

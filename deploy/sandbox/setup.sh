@@ -25,26 +25,71 @@ if ! command -v go >/dev/null 2>&1; then
     return 2 2>/dev/null || exit 2
 fi
 
+# One line per step with its time. A step's output (pip's, go's, apt's) goes to
+# a log file, named with its last lines when the step fails, so that a run
+# that works prints no installer noise.
+_setup_step() {  # _setup_step TITLE DETAIL COMMAND...: run COMMAND, print one line
+    local title=$1 detail=$2 log started status seconds
+    shift 2
+    log=$(mktemp "$cache/setup-log.XXXXXX")
+    started=$(date +%s%N)
+    # Called with `|| exit` below, so bash ignores `set -e` in here: the steps
+    # chain their commands with && themselves.
+    status=0
+    "$@" >"$log" 2>&1 || status=$?
+    seconds=$(awk -v ns="$(($(date +%s%N) - started))" 'BEGIN { printf "%.1f", ns / 1e9 }')
+    if [ "$status" -ne 0 ]; then
+        echo "✗ $title failed after $seconds s; its output is in $log, ending with:" >&2
+        tail -n 20 "$log" | sed 's/^/    /' >&2
+        return "$status"
+    fi
+    echo "✓ $title${detail:+ ($detail)} $seconds s"
+    rm -f "$log"
+}
+
 key=$( (cat pyproject.toml; python3 --version) | sha256sum | cut -c1-16)
 venv=$cache/venv-$key
-if [ ! -f "$venv/.complete" ]; then
-    echo "== creating the Python environment in $venv (first run: a few minutes)"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --upgrade pip
-    "$venv/bin/pip" install --quiet -e ".[dev]"
-    touch "$venv/.complete"
+_setup_python() {
+    if [ ! -f "$venv/.complete" ]; then
+        rm -rf "$venv" \
+            && python3 -m venv "$venv" \
+            && "$venv/bin/pip" install --upgrade pip \
+            && "$venv/bin/pip" install -e ".[dev]" \
+            && touch "$venv/.complete" \
+            || return 1
+    fi
+    # Always point the (shared) environment at this clone's code (-I: whatever
+    # PYTHONPATH says, where does the environment itself find poller?).
+    local found
+    found=$("$venv/bin/python" -I -c 'import poller; print(poller.__path__[0])' 2>/dev/null) || true
+    if [ "$found" != "$repo/poller" ]; then
+        "$venv/bin/pip" install --no-deps -e . || return 1
+    fi
+}
+if [ -f "$venv/.complete" ]; then
+    detail=cached
+else
+    detail="created in $venv"
+    echo "… python environment: creating $venv (first run: a few minutes)"
 fi
-# Always point the (shared) environment at this clone's code.
-"$venv/bin/pip" install --quiet --no-deps -e . >/dev/null 2>&1
+_setup_step "python environment" "$detail" _setup_python || { return 1 2>/dev/null || exit 1; }
 export PATH=$venv/bin:$PATH
 export LMEVAL_VENV=$venv
 
-echo "== control-plane and node binaries (first run: about 8 minutes of Go builds)"
-python -m poller.sandbox build
+if python -c 'import sys; from poller.sandbox import build; sys.exit(not build.needs_build())'; then
+    detail=built
+    echo "… control-plane and node binaries: building from their Go modules (about 8 minutes)"
+else
+    detail=cached
+fi
+_setup_step "control-plane and node binaries" "$detail" python -m poller.sandbox build \
+    || { return 1 2>/dev/null || exit 1; }
 
 if [ "$(id -u)" -eq 0 ]; then
-    bash deploy/sandbox/node-packages.sh
+    _setup_step "real node's Debian packages" "" bash deploy/sandbox/node-packages.sh \
+        || { return 1 2>/dev/null || exit 1; }
 else
-    echo "== not root: the real node (tests/node, run --node real) cannot start here"
+    echo "- real node's Debian packages: skipped (not root: tests/node and run --node real cannot start here)"
 fi
+unset -f _setup_step _setup_python
+unset detail

@@ -26,7 +26,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BINARIES", "KWOK_CRD_FILES", "binaries_dir", "cache_root", "ensure_binaries"]
+__all__ = [
+    "BINARIES",
+    "KWOK_CRD_FILES",
+    "binaries_dir",
+    "cache_root",
+    "ensure_binaries",
+    "needs_build",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODULES_DIR = REPO_ROOT / "deploy" / "sandbox"
@@ -215,6 +222,11 @@ def _build(target: Path) -> float:
     )
     staging.rename(target)
     return elapsed
+
+
+def needs_build() -> bool:
+    """Whether `ensure_binaries` would build (setup.sh warns before a long build)."""
+    return _override_dir() is None and not binaries_dir().is_dir()
 
 
 def ensure_binaries() -> Path:

@@ -10,11 +10,11 @@ expiry, refreshed once on a 401, client certificates), refused fields
 (auth-provider, basic auth, proxy-url) with a clear ValueError, in-cluster
 configuration, request details (query, JSON body, user agent, no raising for
 an HTTP status, thread safety), exec (channels, exit codes, unknown exit
-code, timeout, refused upgrade), the limits on what job pods write (a
+code, timeout, refused upgrade), and the limits on what job pods write (a
 capped read against a server that ignores limitBytes, log tails cut to
 whole lines, exec stdout refused past its limit, no NaN in a request
-body), and that ``import poller.__main__`` does not import the kubernetes
-package.
+body). That the poller never imports the kubernetes package is an import
+contract (tests/unit/test_import_contracts.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import json
 import os
 import ssl
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -47,7 +46,6 @@ from poller.kube import ApiError, Kube, NotFound
 from poller.sandbox.pki import Pki, issue_client_cert, make_pki
 from poller.transport import ApiTransport, ExecOutputTooLarge, ExecRefused
 
-REPO = Path(__file__).resolve().parents[2]
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -646,18 +644,3 @@ def test_exec_stdout_is_capped(transport: ApiTransport) -> None:
     code, out, _ = transport.exec("ns", "pod", "main", ["big", "300000"], timeout=10)
     assert code == 0 and len(out.encode()) == 330_000  # within the default limit (1 MiB)
 
-
-# -- the goal ---------------------------------------------------------------------
-
-
-def test_the_poller_process_does_not_import_kubernetes() -> None:
-    probe = "import poller.__main__, sys; print('kubernetes' in sys.modules)"
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        check=True,
-    )
-    assert done.stdout.strip() == "False", done.stderr
