@@ -34,28 +34,117 @@ import hashlib
 import json
 import re
 import signal
+import typing
 import zlib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from driver.boundedjson import JsonLimits, UntrustedJsonError, parse_untrusted_json
+from driver.contract import (
+    CMD_DECODE,
+    CMD_RELEASE,
+    DRIVER_MODULE,
+    DRIVER_PROGRAM,
+    END_OF_OPTIONS,
+    ENV_OUTPUT_ROOT,
+    ENV_RUN_ID,
+    EVENT_CANCELLED,
+    EVENT_COMPLETED,
+    EVENT_FAILED,
+    EVENT_PROGRESS,
+    EVENT_RESULTS,
+    EVENT_STARTED,
+    EXIT_CANCELLED,
+    EXIT_DRIVER_ERROR,
+    EXIT_NO_RESULTS,
+    EXIT_OK,
+    OPT_GRACE_PERIOD,
+    OPT_HOLD_SECONDS,
+    OPT_LOG_COPY,
+    OPT_OUTPUT_ROOT,
+    OPT_PROGRESS_INTERVAL,
+    OPT_RUN_ID,
+    driver_command,
+    release_argv,
+    run_argv,
+)
+
+__all__ = [
+    "CMD_DECODE",
+    "CMD_RELEASE",
+    "CRI_LINE_RE",
+    "DRIVER_MODULE",
+    "DRIVER_PROGRAM",
+    "END_OF_OPTIONS",
+    "ENV_OUTPUT_ROOT",
+    "ENV_RUN_ID",
+    "EVENT_CANCELLED",
+    "EVENT_COMPLETED",
+    "EVENT_FAILED",
+    "EVENT_PROGRESS",
+    "EVENT_RESULTS",
+    "EVENT_STARTED",
+    "EXIT_CANCELLED",
+    "EXIT_DRIVER_ERROR",
+    "EXIT_NO_RESULTS",
+    "EXIT_OK",
+    "FINAL_EVENTS",
+    "KNOWN_EVENTS",
+    "MARKER_JSON_LIMITS",
+    "MARKER_PREFIX",
+    "MAX_COMPRESSED_RESULTS_BYTES",
+    "MAX_ENCODED_RESULTS_CHARS",
+    "MAX_EVENTS",
+    "MAX_EVENT_CHARS",
+    "MAX_INFLATE_RATIO",
+    "MAX_LINE_CHARS",
+    "MAX_MARKER_CHARS",
+    "MAX_MARKER_DEPTH",
+    "MAX_MARKER_ELEMENTS",
+    "MAX_RESULTS_BYTES",
+    "MAX_RESULTS_CHUNKS",
+    "MAX_RESULTS_JSON_DEPTH",
+    "MAX_RESULTS_JSON_ELEMENTS",
+    "MAX_RESULTS_MARKER_CHARS",
+    "OPT_GRACE_PERIOD",
+    "OPT_HOLD_SECONDS",
+    "OPT_LOG_COPY",
+    "OPT_OUTPUT_ROOT",
+    "OPT_PROGRESS_INTERVAL",
+    "OPT_RUN_ID",
+    "PROTOCOL_VERSION",
+    "RESULTS_CHUNK_CHARS",
+    "RESULTS_ENCODING",
+    "RESULTS_JSON_LIMITS",
+    "FinalDetails",
+    "FinalEvent",
+    "FinalFields",
+    "ProgressFields",
+    "ResultsChunkFields",
+    "StartedFields",
+    "describe_exit_code",
+    "driver_command",
+    "encode_final",
+    "encode_marker",
+    "encode_progress",
+    "encode_results",
+    "encode_started",
+    "marker_event",
+    "neutralize",
+    "parse_results_json",
+    "read_complete_fields",
+    "read_fields",
+    "release_argv",
+    "results_log_problem",
+    "run_argv",
+    "signal_name",
+    "signal_text",
+]
 
 MARKER_PREFIX = "::lmeval::"
 PROTOCOL_VERSION = 1
 
-# Exit codes of the driver. A child that exits with N != 0 makes the driver
-# exit N; a child killed by signal S makes it exit 128 + S (the shell
-# convention, so an OOM kill shows as 137 whichever process was killed).
-EXIT_OK = 0
-EXIT_NO_RESULTS = 70
-EXIT_CANCELLED = 71
-EXIT_DRIVER_ERROR = 72
-
-EVENT_STARTED = "started"
-EVENT_PROGRESS = "progress"
-EVENT_RESULTS = "results"
-EVENT_COMPLETED = "completed"
-EVENT_FAILED = "failed"
-EVENT_CANCELLED = "cancelled"
+FinalEvent = Literal["completed", "failed", "cancelled"]
 FINAL_EVENTS = frozenset({EVENT_COMPLETED, EVENT_FAILED, EVENT_CANCELLED})
 KNOWN_EVENTS = frozenset({EVENT_STARTED, EVENT_PROGRESS, EVENT_RESULTS}) | FINAL_EVENTS
 
@@ -131,6 +220,157 @@ _PREFIX_CORE_RE = re.compile(r"(?<=::)lmeval(?=::)")
 _NEUTRAL_CORE = " lmeval "
 
 
+# -- payloads ---------------------------------------------------------------------
+# What each marker carries besides ``v`` and ``event``, in the order the
+# driver writes it (the order is part of the wire: tests compare bytes). The
+# driver builds these; a reader gets them from `read_fields`, which keeps only
+# well-typed values, so on the reading side every key may be absent.
+
+
+class StartedFields(TypedDict):
+    """``started``: the child is running; how the driver was configured."""
+
+    run_id: str
+    ts: float
+    driver_version: str
+    lm_eval_version: str | None
+    output_dir: str
+    argv: list[str]  # the child's command line, secrets redacted
+    pid: int
+    python: str
+    progress_interval: float
+    grace_period: float
+    hold_seconds: float
+
+
+class ProgressFields(TypedDict):
+    """``progress``: lm_eval's newest tqdm bar (at most one per interval)."""
+
+    run_id: str
+    ts: float
+    phase: str
+    percent: float | None
+    n: int | float
+    total: int | float | None
+    elapsed: float | None
+    remaining: float | None
+    rate: str | None
+
+
+class ResultsChunkFields(TypedDict):
+    """``results``: chunk `seq` of `total` of the zlib+base64 results file."""
+
+    seq: int
+    run_id: str
+    total: int
+    sha256: str  # of the uncompressed results
+    size: int  # uncompressed bytes
+    encoding: str
+    data: str
+
+
+class FinalDetails(TypedDict, total=False):
+    """The final marker's fields that depend on how the run ended (see FinalFields)."""
+
+    child_exit_code: int | None
+    last_line: str | None  # killed by a signal: lm_eval's last words
+    killed: bool  # cancelled: whether the grace period ran out
+    # completed: where the results are, and whether the log carries them
+    results_path: str
+    results_file: str
+    results_size: int
+    results_sha256: str
+    results_chunks: int
+    results_note: str  # why results_chunks is 0
+
+
+class FinalFields(FinalDetails):
+    """``completed``, ``failed`` or ``cancelled``: exactly one per run, the last marker.
+
+    On the wire: run_id, ts, exit_code, message, duration, signal, then the
+    details. A usage error is reported before there is a run: exit_code,
+    signal and message only.
+    """
+
+    run_id: NotRequired[str]
+    ts: NotRequired[float]
+    exit_code: int
+    message: str
+    duration: NotRequired[float]
+    signal: int | None
+
+
+_Fields = TypeVar("_Fields")
+_HINTS: dict[object, dict[str, Any]] = {}
+
+
+def _conforms(value: object, hint: Any) -> bool:
+    """Whether a JSON value has the payload type `hint` (bool is no number)."""
+    if hint is type(None):
+        return value is None
+    if hint is int:
+        return type(value) is int
+    if hint is float:  # JSON writes 5.0 as 5.0, but a reader need not care
+        return type(value) in (int, float)
+    if hint is str or hint is bool:
+        return type(value) is hint
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    # A union (X | None): any of its members.
+    return any(_conforms(value, member) for member in typing.get_args(hint))
+
+
+def _hints(kind: object) -> dict[str, Any]:
+    hints = _HINTS.get(kind)
+    if hints is None:
+        hints = _HINTS[kind] = typing.get_type_hints(kind)
+    return hints
+
+
+def read_fields(body: Mapping[str, object], kind: type[_Fields]) -> _Fields:
+    """The payload `kind` (one of the ``*Fields`` types) of an untrusted marker body.
+
+    Keys whose value does not have the declared type are left out, as are
+    keys the payload does not declare: whoever controls the job's pod writes
+    the log, so read every key with ``.get``.
+    """
+    hints = _hints(kind)
+    kept = {key: body[key] for key in hints if key in body and _conforms(body[key], hints[key])}
+    return typing.cast(_Fields, kept)
+
+
+def read_complete_fields(body: Mapping[str, object], kind: type[_Fields]) -> _Fields | None:
+    """Like `read_fields`, but None unless every required key is there, well typed."""
+    fields = read_fields(body, kind)
+    required: frozenset[str] = getattr(kind, "__required_keys__", frozenset())
+    return fields if required.issubset(typing.cast(Mapping[str, object], fields)) else None
+
+
+def marker_event(body: Mapping[str, object]) -> str | None:
+    """The event of a marker body of this protocol version; None for anything else."""
+    version, event = body.get("v"), body.get("event")
+    if type(version) is not int or version != PROTOCOL_VERSION or event not in KNOWN_EVENTS:
+        return None
+    return event
+
+
+def encode_started(fields: StartedFields) -> str:
+    """The ``started`` marker line."""
+    return encode_marker(EVENT_STARTED, **fields)
+
+
+def encode_progress(fields: ProgressFields) -> str:
+    """A ``progress`` marker line."""
+    return encode_marker(EVENT_PROGRESS, **fields)
+
+
+def encode_final(event: FinalEvent, fields: FinalFields) -> str:
+    """The final marker line: ``completed``, ``failed`` or ``cancelled``."""
+    return encode_marker(event, **fields)
+
+
 def encode_marker(event: str, **fields: Any) -> str:
     """Return one marker line (without newline) for ``event`` with ``fields``.
 
@@ -195,12 +435,19 @@ def encode_results(results_json: bytes, run_id: str) -> list[str]:
     digest = hashlib.sha256(results_json).hexdigest()
     text = base64.b64encode(compressed).decode("ascii")
     pieces = [text[i : i + RESULTS_CHUNK_CHARS] for i in range(0, len(text), RESULTS_CHUNK_CHARS)]
-    common = {"run_id": run_id, "total": len(pieces), "sha256": digest}
-    common.update(size=len(results_json), encoding=RESULTS_ENCODING)
-    return [
-        encode_marker(EVENT_RESULTS, seq=seq, **common, data=piece)
+    chunks: list[ResultsChunkFields] = [
+        {
+            "seq": seq,
+            "run_id": run_id,
+            "total": len(pieces),
+            "sha256": digest,
+            "size": len(results_json),
+            "encoding": RESULTS_ENCODING,
+            "data": piece,
+        }
         for seq, piece in enumerate(pieces, start=1)
     ]
+    return [encode_marker(EVENT_RESULTS, **chunk) for chunk in chunks]
 
 
 def parse_results_json(raw: bytes | str) -> dict[str, Any]:
@@ -223,6 +470,12 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def signal_text(signum: int) -> str:
+    """``9`` -> ``"signal 9 (SIGKILL)"``; an unknown number is only ``"signal N"``."""
+    name = signal_name(signum)
+    return name if name == f"signal {signum}" else f"signal {signum} ({name})"
 
 
 def describe_exit_code(code: int) -> str:
