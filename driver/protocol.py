@@ -301,7 +301,8 @@ class FinalFields(FinalDetails):
 
 
 _Fields = TypeVar("_Fields")
-_HINTS: dict[object, dict[str, Any]] = {}
+# Per payload type: each key's type, and the keys it requires.
+_SHAPES: dict[object, tuple[dict[str, Any], frozenset[str]]] = {}
 
 
 def _conforms(value: object, hint: Any) -> bool:
@@ -322,11 +323,20 @@ def _conforms(value: object, hint: Any) -> bool:
     return any(_conforms(value, member) for member in typing.get_args(hint))
 
 
-def _hints(kind: object) -> dict[str, Any]:
-    hints = _HINTS.get(kind)
-    if hints is None:
-        hints = _HINTS[kind] = typing.get_type_hints(kind)
-    return hints
+def _shape(kind: object) -> tuple[dict[str, Any], frozenset[str]]:
+    shape = _SHAPES.get(kind)
+    if shape is None:
+        # __required_keys__ cannot see NotRequired in postponed annotations
+        # (Python 3.11), so the required keys are read from the hints.
+        marked = typing.get_type_hints(kind, include_extras=True)
+        optional: frozenset[str] = getattr(kind, "__optional_keys__", frozenset())
+        required = frozenset(
+            key
+            for key, hint in marked.items()
+            if key not in optional and typing.get_origin(hint) is not NotRequired
+        )
+        shape = _SHAPES[kind] = (typing.get_type_hints(kind), required)
+    return shape
 
 
 def read_fields(body: Mapping[str, object], kind: type[_Fields]) -> _Fields:
@@ -336,7 +346,7 @@ def read_fields(body: Mapping[str, object], kind: type[_Fields]) -> _Fields:
     keys the payload does not declare: whoever controls the job's pod writes
     the log, so read every key with ``.get``.
     """
-    hints = _hints(kind)
+    hints, _required = _shape(kind)
     kept = {key: body[key] for key in hints if key in body and _conforms(body[key], hints[key])}
     return typing.cast(_Fields, kept)
 
@@ -344,7 +354,7 @@ def read_fields(body: Mapping[str, object], kind: type[_Fields]) -> _Fields:
 def read_complete_fields(body: Mapping[str, object], kind: type[_Fields]) -> _Fields | None:
     """Like `read_fields`, but None unless every required key is there, well typed."""
     fields = read_fields(body, kind)
-    required: frozenset[str] = getattr(kind, "__required_keys__", frozenset())
+    _hints, required = _shape(kind)
     return fields if required.issubset(typing.cast(Mapping[str, object], fields)) else None
 
 
