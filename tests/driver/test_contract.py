@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from driver import __main__ as cli
-from driver import contract, protocol
+from driver import contract, payloads, protocol
 from driver.progress import Progress
 from driver.protocol import (
     ENV_OUTPUT_ROOT,
@@ -160,10 +160,11 @@ def test_release_argv_releases_the_same_root(
     assert "released" in capsys.readouterr().out
 
 
-def test_the_light_contract_is_what_protocol_exports() -> None:
-    for name in contract.__all__:
-        assert getattr(protocol, name) is getattr(contract, name)
-        assert name in protocol.__all__
+def test_protocol_exports_the_whole_contract() -> None:
+    for module in (contract, payloads):
+        for name in module.__all__:
+            assert getattr(protocol, name) is getattr(module, name)
+            assert name in protocol.__all__
     for name in protocol.__all__:
         assert hasattr(protocol, name), name
 
