@@ -157,10 +157,10 @@ class Run:
         event: FinalEvent,
         exit_code: int,
         message: str,
-        signal: int | None,
+        signum: int | None,
         **details: Unpack[FinalDetails],
     ) -> int:
-        """Write the final marker (`details` go after `signal`, in the order given)."""
+        """Write the final marker (`details` go after its signal, in the order given)."""
         from driver.protocol import encode_final
 
         fields: FinalFields = {
@@ -169,7 +169,7 @@ class Run:
             "exit_code": exit_code,
             "message": message,
             "duration": round(time.monotonic() - self.started_mono, 3),
-            "signal": signal,
+            "signal": signum,
             **details,
         }
         self.sink.marker(encode_final(event, fields))
