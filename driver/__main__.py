@@ -22,12 +22,28 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from driver import __version__
-from driver.run import DEFAULT_OUTPUT_ROOT, EXIT_DRIVER_ERROR, Run, RunOptions, release
+from driver.contract import (
+    CMD_DECODE,
+    CMD_RELEASE,
+    DRIVER_PROGRAM,
+    END_OF_OPTIONS,
+    ENV_OUTPUT_ROOT,
+    ENV_RUN_ID,
+    EVENT_FAILED,
+    EXIT_DRIVER_ERROR,
+    OPT_GRACE_PERIOD,
+    OPT_HOLD_SECONDS,
+    OPT_LOG_COPY,
+    OPT_OUTPUT_ROOT,
+    OPT_PROGRESS_INTERVAL,
+    OPT_RUN_ID,
+)
+from driver.run import DEFAULT_OUTPUT_ROOT, Run, RunOptions, release
 
 USAGE = (
-    "lmeval-driver [options] -- <lm_eval command...>\n"
-    "       lmeval-driver decode [FILE]\n"
-    "       lmeval-driver release [--output-root DIR]"
+    f"{DRIVER_PROGRAM} [options] {END_OF_OPTIONS} <lm_eval command...>\n"
+    f"       {DRIVER_PROGRAM} {CMD_DECODE} [FILE]\n"
+    f"       {DRIVER_PROGRAM} {CMD_RELEASE} [{OPT_OUTPUT_ROOT} DIR]"
 )
 
 DESCRIPTION = """\
@@ -42,7 +58,7 @@ or SIGINT); 72 driver error (bad options, cannot start the command, ...).
 
 
 def _default_root() -> str:
-    return os.environ.get("LMEVAL_OUTPUT_ROOT") or DEFAULT_OUTPUT_ROOT
+    return os.environ.get(ENV_OUTPUT_ROOT) or DEFAULT_OUTPUT_ROOT
 
 
 def _seconds(text: str) -> float:
@@ -60,10 +76,14 @@ class _RunParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        from driver.protocol import encode_marker
+        from driver.protocol import encode_final
 
-        text = f"lmeval-driver: usage error: {message}"
-        print(encode_marker("failed", exit_code=EXIT_DRIVER_ERROR, signal=None, message=text))
+        text = f"{DRIVER_PROGRAM}: usage error: {message}"
+        print(
+            encode_final(
+                EVENT_FAILED, {"exit_code": EXIT_DRIVER_ERROR, "signal": None, "message": text}
+            )
+        )
         sys.stdout.flush()
         print(text, file=sys.stderr)
         sys.exit(EXIT_DRIVER_ERROR)
@@ -71,35 +91,35 @@ class _RunParser(argparse.ArgumentParser):
 
 def _run_parser() -> argparse.ArgumentParser:
     parser = _RunParser(
-        prog="lmeval-driver",
+        prog=DRIVER_PROGRAM,
         usage=USAGE,
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"lmeval-driver {__version__}")
+    parser.add_argument("--version", action="version", version=f"{DRIVER_PROGRAM} {__version__}")
     parser.add_argument(
-        "--output-root",
+        OPT_OUTPUT_ROOT,
         default=_default_root(),
         metavar="DIR",
         help="parent of the per-run directory run-<id> that receives lm_eval's "
-        "--output_path (default: $LMEVAL_OUTPUT_ROOT or %(default)s)",
+        f"--output_path (default: ${ENV_OUTPUT_ROOT} or %(default)s)",
     )
     parser.add_argument(
-        "--run-id",
-        default=os.environ.get("LMEVAL_RUN_ID") or None,
+        OPT_RUN_ID,
+        default=os.environ.get(ENV_RUN_ID) or None,
         metavar="ID",
-        help="run id, names the run directory (default: $LMEVAL_RUN_ID or a fresh "
+        help=f"run id, names the run directory (default: ${ENV_RUN_ID} or a fresh "
         "timestamp-random id); a reused id is refused",
     )
     parser.add_argument(
-        "--progress-interval",
+        OPT_PROGRESS_INTERVAL,
         type=_seconds,
         default=5.0,
         metavar="S",
         help="at most one progress marker per S seconds (default: %(default)s)",
     )
     parser.add_argument(
-        "--grace-period",
+        OPT_GRACE_PERIOD,
         type=_seconds,
         default=20.0,
         metavar="S",
@@ -107,24 +127,24 @@ def _run_parser() -> argparse.ArgumentParser:
         "it below the pod's terminationGracePeriodSeconds (default: %(default)s)",
     )
     parser.add_argument(
-        "--log-copy",
+        OPT_LOG_COPY,
         metavar="FILE",
         help="also append the complete (neutralised) output and markers to FILE",
     )
     parser.add_argument(
-        "--hold-seconds",
+        OPT_HOLD_SECONDS,
         type=_seconds,
         default=0.0,
         metavar="S",
         help="exec mode: after the final marker stay alive up to S seconds, or until "
-        "'lmeval-driver release' (default: %(default)s)",
+        f"'{DRIVER_PROGRAM} {CMD_RELEASE}' (default: %(default)s)",
     )
     return parser
 
 
 def _decode(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="lmeval-driver decode",
+        prog=f"{DRIVER_PROGRAM} {CMD_DECODE}",
         description="Decode the markers of a pod log (plain or CRI format) into one JSON "
         "object: events, results, results_error, outcome.",
     )
@@ -142,7 +162,7 @@ def _decode(argv: Sequence[str]) -> int:
             with open(args.file, "rb") as fh:
                 decoded = decode_stream(fh)
     except OSError as exc:
-        print(f"lmeval-driver decode: {exc}", file=sys.stderr)
+        print(f"{DRIVER_PROGRAM} {CMD_DECODE}: {exc}", file=sys.stderr)
         return 2
     json.dump(decoded.to_json(), sys.stdout, indent=None if args.compact else 2)
     sys.stdout.write("\n")
@@ -151,37 +171,34 @@ def _decode(argv: Sequence[str]) -> int:
 
 def _release(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="lmeval-driver release",
+        prog=f"{DRIVER_PROGRAM} {CMD_RELEASE}",
         description="End the exec-mode hold of a driver using the same output root.",
     )
-    parser.add_argument("--output-root", default=_default_root(), metavar="DIR")
+    parser.add_argument(OPT_OUTPUT_ROOT, default=_default_root(), metavar="DIR")
     args = parser.parse_args(argv)
     try:
         path = release(args.output_root)
     except OSError as exc:
-        print(f"lmeval-driver release: {exc}", file=sys.stderr)
+        print(f"{DRIVER_PROGRAM} {CMD_RELEASE}: {exc}", file=sys.stderr)
         return 1
     print(f"released ({path})")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "decode":
-        return _decode(args[1:])
-    if args and args[0] == "release":
-        return _release(args[1:])
-    if "--" in args:
-        split = args.index("--")
+def parse_run_options(args: Sequence[str]) -> RunOptions:
+    """The options of a run from its arguments (what `contract.run_argv` builds,
+    after the command). A usage error ends the process as `_RunParser` says."""
+    args = list(args)
+    if END_OF_OPTIONS in args:
+        split = args.index(END_OF_OPTIONS)
         options, child_argv = args[:split], args[split + 1 :]
     else:
         options, child_argv = args, []
     parser = _run_parser()
     parsed = parser.parse_args(options)
     if not child_argv:
-        parser.error("missing '-- <lm_eval command...>'")
-    opts = RunOptions(
+        parser.error(f"missing '{END_OF_OPTIONS} <lm_eval command...>'")
+    return RunOptions(
         child_argv=child_argv,
         output_root=parsed.output_root,
         progress_interval=parsed.progress_interval,
@@ -190,7 +207,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         hold_seconds=parsed.hold_seconds,
         run_id=parsed.run_id,
     )
-    return Run(opts).execute()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == CMD_DECODE:
+        return _decode(args[1:])
+    if args and args[0] == CMD_RELEASE:
+        return _release(args[1:])
+    return Run(parse_run_options(args)).execute()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
+from driver.contract import DRIVER_PROGRAM
+
 READ_CHUNK = 1 << 16
 # A line longer than this is forwarded in pieces (each piece becomes a line).
 # Several MB is legal child output; unbounded buffering is not.
@@ -121,7 +123,7 @@ class Sink:
         """A diagnostic of the driver itself, on stderr (never a marker)."""
         # Notes may quote child text: one line, and never a marker prefix in it.
         text = text.replace("\r", " ").replace("\n", " ").replace("lmeval::", "lmeval ::")
-        data = ("lmeval-driver: " + text).encode("utf-8", "replace") + b"\n"
+        data = (f"{DRIVER_PROGRAM}: {text}").encode("utf-8", "replace") + b"\n"
         with self.lock:
             self._write("stderr", data, fresh_line=True)
             self._copy_write("note", data)

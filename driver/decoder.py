@@ -30,7 +30,6 @@ from driver.protocol import (
     EVENT_PROGRESS,
     EVENT_RESULTS,
     EVENT_STARTED,
-    KNOWN_EVENTS,
     MARKER_JSON_LIMITS,
     MARKER_PREFIX,
     MAX_ENCODED_RESULTS_CHARS,
@@ -40,9 +39,13 @@ from driver.protocol import (
     MAX_MARKER_CHARS,
     MAX_RESULTS_BYTES,
     MAX_RESULTS_CHUNKS,
-    PROTOCOL_VERSION,
     RESULTS_ENCODING,
+    FinalFields,
+    ResultsChunkFields,
+    marker_event,
     parse_results_json,
+    read_complete_fields,
+    read_fields,
     results_log_problem,
 )
 
@@ -107,11 +110,6 @@ class _ResultsSet:
     @property
     def total(self) -> int:
         return self.key[2]
-
-
-def _int_or_none(value: Any) -> int | None:
-    # bool is an int subclass in Python; a JSON true is not an exit code.
-    return value if type(value) is int else None
 
 
 def _describe_missing(seen: Iterable[int], total: int) -> str:
@@ -212,8 +210,8 @@ class LogDecoder:
             return
         if not isinstance(body, dict):
             return
-        version, event = body.get("v"), body.get("event")
-        if type(version) is not int or version != PROTOCOL_VERSION or event not in KNOWN_EVENTS:
+        event = marker_event(body)
+        if event is None:
             return
         if event == EVENT_RESULTS:
             self._add_chunk(body)
@@ -246,7 +244,7 @@ class LogDecoder:
             for entry in self._events:
                 body, size = entry
                 if self._over_budget(count, chars) and (
-                    not progress_only or body["event"] == EVENT_PROGRESS
+                    not progress_only or marker_event(body) == EVENT_PROGRESS
                 ):
                     count, chars = count - 1, chars - size
                     self._dropped += 1
@@ -256,15 +254,13 @@ class LogDecoder:
         self._event_chars = chars
 
     def _add_chunk(self, body: dict[str, Any]) -> None:
-        run_id, digest, data = body.get("run_id"), body.get("sha256"), body.get("data")
-        seq, total, size = (_int_or_none(body.get(k)) for k in ("seq", "total", "size"))
-        if not (isinstance(run_id, str) and isinstance(digest, str) and isinstance(data, str)):
+        chunk = read_complete_fields(body, ResultsChunkFields)
+        if chunk is None or chunk["encoding"] != RESULTS_ENCODING:
             return
-        if seq is None or total is None or size is None or not 1 <= seq <= total:
+        seq, total, size, data = chunk["seq"], chunk["total"], chunk["size"], chunk["data"]
+        if not 1 <= seq <= total:
             return
-        if body.get("encoding") != RESULTS_ENCODING:
-            return
-        key = (run_id, digest, total, size)
+        key = (chunk["run_id"], chunk["sha256"], total, size)
         current = self._results_set
         if current is None or current.key != key:
             # A new results set replaces the previous one: the newest results
@@ -321,14 +317,13 @@ class LogDecoder:
         body = self._final
         if body is None:
             return None
-        message = body.get("message")
-        path = body.get("results_path")
+        final = read_fields(body, FinalFields)
         return Outcome(
-            event=str(body["event"]),
-            exit_code=_int_or_none(body.get("exit_code")),
-            signal=_int_or_none(body.get("signal")),
-            message=message if isinstance(message, str) else "",
-            results_path=path if isinstance(path, str) else None,
+            event=str(marker_event(body)),
+            exit_code=final.get("exit_code"),
+            signal=final.get("signal"),
+            message=final.get("message", ""),
+            results_path=final.get("results_path"),
         )
 
     def _results(self) -> tuple[dict[str, Any] | None, str | None]:
@@ -341,9 +336,9 @@ class LogDecoder:
         if len(current.chunks) < current.total:
             return None, _describe_missing(current.chunks, current.total)
         _run_id, digest, _total, size = current.key
-        if final is not None and final.get("event") == EVENT_COMPLETED:
-            expected = final.get("results_sha256")
-            if isinstance(expected, str) and expected != digest:
+        if final is not None and marker_event(final) == EVENT_COMPLETED:
+            expected = read_fields(final, FinalFields).get("results_sha256")
+            if expected is not None and expected != digest:
                 return None, (
                     "the results chunks in the log do not belong to the completed run "
                     f"(sha256 {digest[:12]}... != {expected[:12]}...)"
@@ -354,13 +349,14 @@ class LogDecoder:
     def _no_chunks_reason(final: dict[str, Any] | None) -> str:
         if final is None:
             return "no results markers in the log (run not finished, or log starts after them)"
-        event = final.get("event")
+        event = marker_event(final)
         if event != EVENT_COMPLETED:
             return f"no results: the run ended with '{event}'"
-        note = final.get("results_note")
-        if isinstance(note, str) and note:
+        fields = read_fields(final, FinalFields)
+        note = fields.get("results_note")
+        if note:
             return note
-        chunks = _int_or_none(final.get("results_chunks"))
+        chunks = fields.get("results_chunks")
         extra = f" ({chunks} expected)" if chunks else ""
         return f"log starts after the results chunks{extra}: only the completed marker is present"
 

@@ -20,7 +20,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from driver.protocol import ProgressFields
 
 # Longer lines are never tqdm bars (a bar is ~100-200 characters); skipping
 # them also keeps the regular expressions away from multi-megabyte input.
@@ -94,9 +97,11 @@ class Progress:
     remaining: float | None
     rate: str | None
 
-    def fields(self) -> dict[str, Any]:
-        """Marker fields, in the order they are documented."""
+    def marker_fields(self, run_id: str, ts: float) -> ProgressFields:
+        """The ``progress`` marker's payload for run `run_id` at time `ts`."""
         return {
+            "run_id": run_id,
+            "ts": ts,
             "phase": self.phase,
             "percent": self.percent,
             "n": self.n,

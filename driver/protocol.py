@@ -22,9 +22,14 @@ both ends:
   (:func:`parse_results_json`). The driver never writes what the reader
   would refuse.
 
-The reader is `driver.decoder`. Both are standard-library only; the driver
-imports this module lazily (after the child has started, since
-``dataclasses`` costs ~10 ms to import) and the poller imports both.
+It is the whole contract: besides the framing and limits, it holds (by
+re-export) the typed payload of every marker (`driver.payloads`) and the
+driver's exit codes, command line and environment (`driver.contract`, which
+the driver needs before its child starts). The poller imports the driver's
+side of the contract from here only. The reader is `driver.decoder`. All are
+standard-library only; the driver imports this module lazily (after the
+child has started, since ``dataclasses`` costs ~10 ms to import) and the
+poller imports both.
 """
 
 from __future__ import annotations
@@ -35,27 +40,124 @@ import json
 import re
 import signal
 import zlib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from driver.boundedjson import JsonLimits, UntrustedJsonError, parse_untrusted_json
+from driver.contract import (
+    CMD_DECODE,
+    CMD_RELEASE,
+    DRIVER_MODULE,
+    DRIVER_PROGRAM,
+    END_OF_OPTIONS,
+    ENV_OUTPUT_ROOT,
+    ENV_RUN_ID,
+    EVENT_CANCELLED,
+    EVENT_COMPLETED,
+    EVENT_FAILED,
+    EVENT_PROGRESS,
+    EVENT_RESULTS,
+    EVENT_STARTED,
+    EXIT_CANCELLED,
+    EXIT_DRIVER_ERROR,
+    EXIT_NO_RESULTS,
+    EXIT_OK,
+    OPT_GRACE_PERIOD,
+    OPT_HOLD_SECONDS,
+    OPT_LOG_COPY,
+    OPT_OUTPUT_ROOT,
+    OPT_PROGRESS_INTERVAL,
+    OPT_RUN_ID,
+    driver_command,
+    release_argv,
+    run_argv,
+)
+from driver.payloads import (
+    FinalDetails,
+    FinalFields,
+    ProgressFields,
+    ResultsChunkFields,
+    StartedFields,
+    read_complete_fields,
+    read_fields,
+)
+
+__all__ = [
+    "CMD_DECODE",
+    "CMD_RELEASE",
+    "CRI_LINE_RE",
+    "DRIVER_MODULE",
+    "DRIVER_PROGRAM",
+    "END_OF_OPTIONS",
+    "ENV_OUTPUT_ROOT",
+    "ENV_RUN_ID",
+    "EVENT_CANCELLED",
+    "EVENT_COMPLETED",
+    "EVENT_FAILED",
+    "EVENT_PROGRESS",
+    "EVENT_RESULTS",
+    "EVENT_STARTED",
+    "EXIT_CANCELLED",
+    "EXIT_DRIVER_ERROR",
+    "EXIT_NO_RESULTS",
+    "EXIT_OK",
+    "FINAL_EVENTS",
+    "KNOWN_EVENTS",
+    "MARKER_JSON_LIMITS",
+    "MARKER_PREFIX",
+    "MAX_COMPRESSED_RESULTS_BYTES",
+    "MAX_ENCODED_RESULTS_CHARS",
+    "MAX_EVENTS",
+    "MAX_EVENT_CHARS",
+    "MAX_INFLATE_RATIO",
+    "MAX_LINE_CHARS",
+    "MAX_MARKER_CHARS",
+    "MAX_MARKER_DEPTH",
+    "MAX_MARKER_ELEMENTS",
+    "MAX_RESULTS_BYTES",
+    "MAX_RESULTS_CHUNKS",
+    "MAX_RESULTS_JSON_DEPTH",
+    "MAX_RESULTS_JSON_ELEMENTS",
+    "MAX_RESULTS_MARKER_CHARS",
+    "OPT_GRACE_PERIOD",
+    "OPT_HOLD_SECONDS",
+    "OPT_LOG_COPY",
+    "OPT_OUTPUT_ROOT",
+    "OPT_PROGRESS_INTERVAL",
+    "OPT_RUN_ID",
+    "PROTOCOL_VERSION",
+    "RESULTS_CHUNK_CHARS",
+    "RESULTS_ENCODING",
+    "RESULTS_JSON_LIMITS",
+    "FinalDetails",
+    "FinalEvent",
+    "FinalFields",
+    "ProgressFields",
+    "ResultsChunkFields",
+    "StartedFields",
+    "describe_exit_code",
+    "driver_command",
+    "encode_final",
+    "encode_marker",
+    "encode_progress",
+    "encode_results",
+    "encode_started",
+    "marker_event",
+    "neutralize",
+    "parse_results_json",
+    "read_complete_fields",
+    "read_fields",
+    "release_argv",
+    "results_log_problem",
+    "run_argv",
+    "signal_name",
+    "signal_text",
+]
 
 MARKER_PREFIX = "::lmeval::"
 PROTOCOL_VERSION = 1
 
-# Exit codes of the driver. A child that exits with N != 0 makes the driver
-# exit N; a child killed by signal S makes it exit 128 + S (the shell
-# convention, so an OOM kill shows as 137 whichever process was killed).
-EXIT_OK = 0
-EXIT_NO_RESULTS = 70
-EXIT_CANCELLED = 71
-EXIT_DRIVER_ERROR = 72
-
-EVENT_STARTED = "started"
-EVENT_PROGRESS = "progress"
-EVENT_RESULTS = "results"
-EVENT_COMPLETED = "completed"
-EVENT_FAILED = "failed"
-EVENT_CANCELLED = "cancelled"
+FinalEvent = Literal["completed", "failed", "cancelled"]
 FINAL_EVENTS = frozenset({EVENT_COMPLETED, EVENT_FAILED, EVENT_CANCELLED})
 KNOWN_EVENTS = frozenset({EVENT_STARTED, EVENT_PROGRESS, EVENT_RESULTS}) | FINAL_EVENTS
 
@@ -131,6 +233,29 @@ _PREFIX_CORE_RE = re.compile(r"(?<=::)lmeval(?=::)")
 _NEUTRAL_CORE = " lmeval "
 
 
+def marker_event(body: Mapping[str, object]) -> str | None:
+    """The event of a marker body of this protocol version; None for anything else."""
+    version, event = body.get("v"), body.get("event")
+    if type(version) is not int or version != PROTOCOL_VERSION or event not in KNOWN_EVENTS:
+        return None
+    return event
+
+
+def encode_started(fields: StartedFields) -> str:
+    """The ``started`` marker line."""
+    return encode_marker(EVENT_STARTED, **fields)
+
+
+def encode_progress(fields: ProgressFields) -> str:
+    """A ``progress`` marker line."""
+    return encode_marker(EVENT_PROGRESS, **fields)
+
+
+def encode_final(event: FinalEvent, fields: FinalFields) -> str:
+    """The final marker line: ``completed``, ``failed`` or ``cancelled``."""
+    return encode_marker(event, **fields)
+
+
 def encode_marker(event: str, **fields: Any) -> str:
     """Return one marker line (without newline) for ``event`` with ``fields``.
 
@@ -195,12 +320,19 @@ def encode_results(results_json: bytes, run_id: str) -> list[str]:
     digest = hashlib.sha256(results_json).hexdigest()
     text = base64.b64encode(compressed).decode("ascii")
     pieces = [text[i : i + RESULTS_CHUNK_CHARS] for i in range(0, len(text), RESULTS_CHUNK_CHARS)]
-    common = {"run_id": run_id, "total": len(pieces), "sha256": digest}
-    common.update(size=len(results_json), encoding=RESULTS_ENCODING)
-    return [
-        encode_marker(EVENT_RESULTS, seq=seq, **common, data=piece)
+    chunks: list[ResultsChunkFields] = [
+        {
+            "seq": seq,
+            "run_id": run_id,
+            "total": len(pieces),
+            "sha256": digest,
+            "size": len(results_json),
+            "encoding": RESULTS_ENCODING,
+            "data": piece,
+        }
         for seq, piece in enumerate(pieces, start=1)
     ]
+    return [encode_marker(EVENT_RESULTS, **chunk) for chunk in chunks]
 
 
 def parse_results_json(raw: bytes | str) -> dict[str, Any]:
@@ -223,6 +355,12 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def signal_text(signum: int) -> str:
+    """``9`` -> ``"signal 9 (SIGKILL)"``; an unknown number is only ``"signal N"``."""
+    name = signal_name(signum)
+    return name if name == f"signal {signum}" else f"signal {signum} ({name})"
 
 
 def describe_exit_code(code: int) -> str:

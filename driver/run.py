@@ -18,13 +18,29 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Unpack
 
 from driver import __version__
 from driver.argv import find_output_path_flag, new_run_id, valid_run_id
 from driver.child import Child, Pump, Sink
+from driver.contract import (
+    CMD_RELEASE,
+    DRIVER_PROGRAM,
+    END_OF_OPTIONS,
+    EVENT_CANCELLED,
+    EVENT_COMPLETED,
+    EVENT_FAILED,
+    EXIT_CANCELLED,
+    EXIT_DRIVER_ERROR,
+    EXIT_NO_RESULTS,
+    EXIT_OK,
+    OPT_OUTPUT_ROOT,
+)
+
+if TYPE_CHECKING:  # the protocol module is imported once the child runs
+    from driver.protocol import FinalDetails, FinalEvent, FinalFields, StartedFields
 
 DEFAULT_OUTPUT_ROOT = "/tmp/lmeval-output"  # noqa: S108 - an emptyDir in the pod
 RELEASE_FILE = ".release"
@@ -35,12 +51,6 @@ PUMP_JOIN_TIMEOUT = 5.0
 # Tick of the main loop while waiting for the child or the hold; signals do
 # their work in the handler, so this only bounds deadline checks.
 TICK = 0.1
-
-# Exit codes, duplicated from driver.protocol so that nothing heavy is
-# imported before the child starts (a test keeps the two in sync).
-EXIT_NO_RESULTS = 70
-EXIT_CANCELLED = 71
-EXIT_DRIVER_ERROR = 72
 
 
 class RunOptions:
@@ -138,28 +148,38 @@ class Run:
         self._log_copy: BinaryIO | None = None
         self.sink = Sink(stdout_fd, stderr_fd)
         self._stdout_fd, self._stderr_fd = stdout_fd, stderr_fd
-        self._encode: Callable[..., str] | None = None
         self.final_code: int | None = None  # set once the final marker is out
 
     # -- markers -------------------------------------------------------------
 
-    def marker(self, event: str, **fields: Any) -> None:
-        if self._encode is None:
-            from driver.protocol import encode_marker
+    def _final(
+        self,
+        event: FinalEvent,
+        exit_code: int,
+        message: str,
+        signum: int | None,
+        **details: Unpack[FinalDetails],
+    ) -> int:
+        """Write the final marker (`details` go after its signal, in the order given)."""
+        from driver.protocol import encode_final
 
-            self._encode = encode_marker
-        self.sink.marker(self._encode(event, run_id=self.run_id, ts=_ts(), **fields))
-
-    def _final(self, event: str, exit_code: int, message: str, **fields: Any) -> int:
-        duration = round(time.monotonic() - self.started_mono, 3)
-        self.marker(event, exit_code=exit_code, message=message, duration=duration, **fields)
+        fields: FinalFields = {
+            "run_id": self.run_id,
+            "ts": _ts(),
+            "exit_code": exit_code,
+            "message": message,
+            "duration": round(time.monotonic() - self.started_mono, 3),
+            "signal": signum,
+            **details,
+        }
+        self.sink.marker(encode_final(event, fields))
         self.final_code = exit_code
-        if event != "completed":
+        if event != EVENT_COMPLETED:
             self.sink.note(f"{event}: {message}")
         return exit_code
 
     def driver_error(self, message: str) -> int:
-        return self._final("failed", EXIT_DRIVER_ERROR, message, signal=None)
+        return self._final(EVENT_FAILED, EXIT_DRIVER_ERROR, message, None)
 
     # -- the run ---------------------------------------------------------------
 
@@ -205,12 +225,15 @@ class Run:
         """Check the command line and create the run directory."""
         argv = self.opts.child_argv
         if not argv:
-            return "no lm_eval command given (expected: lmeval-driver [options] -- <command>)"
+            return (
+                f"no lm_eval command given (expected: {DRIVER_PROGRAM} [options] "
+                f"{END_OF_OPTIONS} <command>)"
+            )
         token = find_output_path_flag(argv[1:])
         if token is not None:
             return (
                 f"the command sets the output path ({token!r}); the driver owns it "
-                f"(--output-root, per-run directory run-<id>): remove it"
+                f"({OPT_OUTPUT_ROOT}, per-run directory run-<id>): remove it"
             )
         if not valid_run_id(self.run_id):
             return f"invalid run id {self.run_id!r}"
@@ -235,23 +258,25 @@ class Run:
         # Only now, with the child running, pay for the heavier imports.
         from driver.argv import lm_eval_version, redact_argv
         from driver.progress import ErrorLineTracker, Progress, ProgressTracker
-        from driver.protocol import neutralize
+        from driver.protocol import encode_progress, encode_started, neutralize
 
-        self.marker(
-            "started",
-            driver_version=__version__,
-            lm_eval_version=lm_eval_version(),
-            output_dir=self.run_dir,
-            argv=redact_argv(child.argv),
-            pid=child.pid,
-            python=sys.version.split()[0],
-            progress_interval=self.opts.progress_interval,
-            grace_period=self.opts.grace_period,
-            hold_seconds=self.opts.hold_seconds,
-        )
+        started: StartedFields = {
+            "run_id": self.run_id,
+            "ts": _ts(),
+            "driver_version": __version__,
+            "lm_eval_version": lm_eval_version(),
+            "output_dir": self.run_dir,
+            "argv": redact_argv(child.argv),
+            "pid": child.pid,
+            "python": sys.version.split()[0],
+            "progress_interval": self.opts.progress_interval,
+            "grace_period": self.opts.grace_period,
+            "hold_seconds": self.opts.hold_seconds,
+        }
+        self.sink.marker(encode_started(started))
 
         def on_progress(p: Progress) -> None:
-            self.marker("progress", **p.fields())
+            self.sink.marker(encode_progress(p.marker_fields(self.run_id, _ts())))
 
         progress = ProgressTracker(self.opts.progress_interval, on_progress)
         err_lines, out_lines = ErrorLineTracker(), ErrorLineTracker()
@@ -289,18 +314,16 @@ class Run:
             from driver.protocol import signal_name
 
             return self._final(
-                "failed",
+                EVENT_FAILED,
                 128 + sig,
                 f"killed by signal {sig} ({signal_name(sig)})",
-                signal=sig,
+                sig,
                 child_exit_code=returncode,
                 last_line=last_line,
             )
         if returncode > 0:
             message = last_line or f"lm_eval exited with code {returncode}"
-            return self._final(
-                "failed", returncode, message, signal=None, child_exit_code=returncode
-            )
+            return self._final(EVENT_FAILED, returncode, message, None, child_exit_code=returncode)
         return self._completed(warning)
 
     def _cancelled(self, returncode: int | None) -> int:
@@ -315,10 +338,10 @@ class Run:
         else:
             how = "lm_eval was stopped with SIGTERM"
         return self._final(
-            "cancelled",
+            EVENT_CANCELLED,
             EXIT_CANCELLED,
             f"cancelled by {name}: {how}",
-            signal=signum,
+            signum,
             child_exit_code=returncode,
             killed=self.cancel.killed,
         )
@@ -335,14 +358,14 @@ class Run:
             message = f"lm_eval exited 0 but wrote no results file in {self.run_dir}"
             if warning:
                 message += f" ({warning})"
-            return self._final("failed", EXIT_NO_RESULTS, message, signal=None, child_exit_code=0)
+            return self._final(EVENT_FAILED, EXIT_NO_RESULTS, message, None, child_exit_code=0)
         try:
             with open(source, "rb") as fh:
                 raw = fh.read()
             json.loads(raw)
         except (OSError, ValueError) as exc:
             message = f"lm_eval exited 0 but its results file {source} is unusable: {exc}"
-            return self._final("failed", EXIT_NO_RESULTS, message, signal=None, child_exit_code=0)
+            return self._final(EVENT_FAILED, EXIT_NO_RESULTS, message, None, child_exit_code=0)
         stable = os.path.join(self.run_dir, RESULTS_COPY)
         try:
             tmp = stable + ".tmp"
@@ -351,7 +374,7 @@ class Run:
         except OSError as exc:
             self.sink.note(f"cannot copy results to {stable}: {exc}")
             stable = source
-        fields: dict[str, Any] = {
+        details: FinalDetails = {
             "results_path": stable,
             "results_file": source,
             "results_size": len(raw),
@@ -360,13 +383,13 @@ class Run:
         try:
             chunks = encode_results(raw, self.run_id)
         except ValueError as exc:  # over the protocol's limits: the poller would refuse them
-            fields["results_chunks"] = 0
-            fields["results_note"] = f"{exc}: too large for the log; read {stable}"
+            details["results_chunks"] = 0
+            details["results_note"] = f"{exc}: too large for the log; read {stable}"
         else:
-            fields["results_chunks"] = len(chunks)
+            details["results_chunks"] = len(chunks)
             for line in chunks:
                 self.sink.marker(line)
-        return self._final("completed", 0, "lm_eval completed", signal=None, **fields)
+        return self._final(EVENT_COMPLETED, EXIT_OK, "lm_eval completed", None, **details)
 
     def _hold(self) -> None:
         """Exec mode: stay alive until released, timed out, or signalled."""
@@ -378,7 +401,7 @@ class Run:
         path = release_path(self.opts.output_root)
         self.sink.note(
             f"holding for up to {hold:g} s so that results can be copied; "
-            f"'lmeval-driver release' ends the hold"
+            f"'{DRIVER_PROGRAM} {CMD_RELEASE}' ends the hold"
         )
         # A release file older than this driver belongs to an earlier run.
         # Whole seconds, for filesystems with coarse timestamps.

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Mapping
 
+from driver import protocol
 from poller import api
 from poller.model import Action, JobView, PatchStatus, PostEvent, format_time
 
@@ -125,18 +127,19 @@ class StatusDraft:
         if any(c.type == C.SUSPENDED.value for c in self.conditions):
             self.condition(C.SUSPENDED, False, "Finished", message)
 
-    def progress(self, marker: dict[str, object]) -> None:
+    def progress(self, marker: Mapping[str, object]) -> None:
         """Take a driver progress marker (untrusted: only its numbers and a short text).
 
         A number that is not finite (NaN or Infinity, which JSON cannot carry
         in a status patch), or not between 0 and 100 for the percentage, is
         left out rather than written.
         """
-        value = _finite(marker.get("percent"))
+        fields = protocol.read_fields(marker, protocol.ProgressFields)
+        value = _finite(fields.get("percent"))
         if value is not None and not 0.0 <= value <= 100.0:
             value = None
-        phase = str(marker.get("phase") or "")[:MAX_PHASE_CHARS]
-        n, total = marker.get("n"), marker.get("total")
+        phase = (fields.get("phase") or "")[:MAX_PHASE_CHARS]
+        n, total = fields.get("n"), fields.get("total")
         finite = _finite(n) is not None and _finite(total) is not None
         counts = f" ({n}/{total})" if finite else ""
         line = f"{value:.0f}% {phase}{counts}".strip() if value is not None else phase

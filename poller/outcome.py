@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import signal as signals
 
 from driver import protocol
 from poller import api, podspec, results
@@ -69,13 +68,6 @@ S = api.JobState
 R = api.JobReason
 
 
-def _signal_text(number: int) -> str:
-    try:
-        return f"signal {number} ({signals.Signals(number).name})"
-    except ValueError:
-        return f"signal {number}"
-
-
 def termination_message(pod: PodView) -> str:
     main = pod.main
     code = main.exit_code
@@ -84,7 +76,7 @@ def termination_message(pod: PodView) -> str:
     signal_number = main.signal or (code - 128 if code is not None and code > 128 else None)
     parts = [f"exit code {code}"]
     if signal_number:
-        parts.append(f"killed by {_signal_text(signal_number)}")
+        parts.append(f"killed by {protocol.signal_text(signal_number)}")
     if main.reason and main.reason not in ("Error", "Completed"):
         parts.append(main.reason)
     text = ", ".join(parts)
@@ -231,6 +223,6 @@ def holding(
             found, source = log.decoded.results, "log"
         if found is not None:
             actions.append(_store_results(job, draft, found, source))
-    release = (*podspec.driver_command(settings), "release")
-    actions.append(ReleaseHold(pod.name, podspec.MAIN_CONTAINER, release))
+    release = protocol.release_argv(podspec.driver_command(settings))
+    actions.append(ReleaseHold(pod.name, podspec.MAIN_CONTAINER, tuple(release)))
     return actions

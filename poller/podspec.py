@@ -22,6 +22,7 @@ import hashlib
 import re
 from typing import Any
 
+from driver import protocol
 from poller import api
 from poller.settings import Settings
 from poller.specrules import OFFLINE_ENV, env_name_problem
@@ -60,6 +61,9 @@ DRIVER_IMAGE_SOURCE = "/opt/lmeval/driver"
 # The driver must finish reporting before the kubelet's SIGKILL.
 TERMINATION_GRACE_SECONDS = 30
 DRIVER_GRACE_SECONDS = 20
+# Exec mode: how long the driver holds its container for the poller to copy
+# the results (the poller releases it as soon as it has them).
+EXEC_HOLD_SECONDS = 300
 
 _NAME_LIMIT = 63
 # A ConfigMap's name is a DNS subdomain: at most 253 characters.
@@ -181,7 +185,7 @@ def _env(
     env: list[dict[str, Any]] = [
         {"name": "HOME", "value": POD_TMP},
         {"name": "HF_HOME", "value": HF_HOME},
-        {"name": "LMEVAL_OUTPUT_ROOT", "value": OUTPUT_ROOT},
+        {"name": protocol.ENV_OUTPUT_ROOT, "value": OUTPUT_ROOT},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if use_copied_driver:
@@ -237,7 +241,8 @@ def _pod_security_context(run_as_user: int | None) -> dict[str, Any]:
 
 def driver_command(settings: Settings) -> list[str]:
     """How the job container invokes the driver (also for `release` through exec)."""
-    return ["python", "-m", "driver"] if settings.driver_image else ["lmeval-driver"]
+    # A driver copied from the driver image runs as a module of the pod's Python.
+    return protocol.driver_command("python" if settings.driver_image else None)
 
 
 def _sidecars(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
@@ -272,25 +277,16 @@ def build_pod(
     Raises JobPodError when the spec asks for something the settings forbid.
     """
     use_copied_driver = bool(settings.driver_image)
-    driver_args = [
-        f"--output-root={OUTPUT_ROOT}",
-        f"--grace-period={DRIVER_GRACE_SECONDS}",
-    ]
-    if settings.results_source == "exec":
-        driver_args.append("--hold-seconds=300")
-    if spec.outputs and spec.outputs.pvc_name:
-        # The complete output outlives the pod on the claim, beside the results.
-        driver_args.append(f"--log-copy={OUTPUT_ROOT}/{pod_name(name, uid)}.log")
-    driver = driver_command(settings)
-    command = [
-        *driver,
-        *driver_args,
-        "--",
-        "python",
-        "-m",
-        "lm_eval",
-        *lm_eval_argv(spec, settings),
-    ]
+    # The complete output outlives the pod on the claim, beside the results.
+    keeps_log = bool(spec.outputs and spec.outputs.pvc_name)
+    command = protocol.run_argv(
+        driver_command(settings),
+        ["python", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
+        output_root=OUTPUT_ROOT,
+        grace_period=DRIVER_GRACE_SECONDS,
+        hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
+        log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
+    )
 
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from driver import protocol
+
 __all__ = [
     "HOST_IP",
     "TERMINATION_LINES",
@@ -116,8 +118,8 @@ def local_argv(argv: Sequence[str], mapper: PathMapper, python: str) -> list[str
     """
     out: list[str] = []
     for index, word in enumerate(argv):
-        if index == 0 and word == "lmeval-driver":
-            out += [python, "-m", "driver"]
+        if index == 0 and word == protocol.DRIVER_PROGRAM:
+            out += protocol.driver_command(python)
         elif _PYTHON.match(word):
             out.append(python)
         else:

@@ -85,7 +85,7 @@ def test_marker_is_one_ascii_line_with_version() -> None:
 def test_exit_codes_are_the_documented_ones() -> None:
     assert (protocol.EXIT_OK, protocol.EXIT_NO_RESULTS) == (0, 70)
     assert (protocol.EXIT_CANCELLED, protocol.EXIT_DRIVER_ERROR) == (71, 72)
-    # driver.run keeps a copy to stay import-light; they must agree.
+    # driver.run takes them from the import-light driver.contract.
     assert (run.EXIT_NO_RESULTS, run.EXIT_CANCELLED, run.EXIT_DRIVER_ERROR) == (70, 71, 72)
     assert describe_exit_code(137) == "killed by signal 9 (SIGKILL)"
     assert describe_exit_code(70).startswith("lm_eval exited 0 but wrote no results")

@@ -1,0 +1,129 @@
+"""The light half of the driver-poller contract: names, numbers, the command line.
+
+Why a module of its own: :mod:`driver.protocol` is the whole contract and
+re-exports everything here, but it is imported only after lm_eval has started
+(it pulls in ``dataclasses`` and ``json``). What the driver needs *before* the
+child starts (its exit codes, the names of its markers, its options and
+environment variables) lives here, importing nothing at all, so that the
+driver's start-up stays as fast as it was. Outside the driver's start-up
+path, import these names from :mod:`driver.protocol`.
+
+The command line is built by :func:`run_argv` and :func:`release_argv` (the
+poller's pod spec uses them) and parsed by ``driver.__main__`` with the same
+constants, so a flag renamed on one side is renamed on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+__all__ = [
+    "CMD_DECODE",
+    "CMD_RELEASE",
+    "DRIVER_MODULE",
+    "DRIVER_PROGRAM",
+    "END_OF_OPTIONS",
+    "ENV_OUTPUT_ROOT",
+    "ENV_RUN_ID",
+    "EVENT_CANCELLED",
+    "EVENT_COMPLETED",
+    "EVENT_FAILED",
+    "EVENT_PROGRESS",
+    "EVENT_RESULTS",
+    "EVENT_STARTED",
+    "EXIT_CANCELLED",
+    "EXIT_DRIVER_ERROR",
+    "EXIT_NO_RESULTS",
+    "EXIT_OK",
+    "OPT_GRACE_PERIOD",
+    "OPT_HOLD_SECONDS",
+    "OPT_LOG_COPY",
+    "OPT_OUTPUT_ROOT",
+    "OPT_PROGRESS_INTERVAL",
+    "OPT_RUN_ID",
+    "driver_command",
+    "release_argv",
+    "run_argv",
+]
+
+# Exit codes of the driver. A child that exits with N != 0 makes the driver
+# exit N; a child killed by signal S makes it exit 128 + S (the shell
+# convention, so an OOM kill shows as 137 whichever process was killed).
+EXIT_OK = 0
+EXIT_NO_RESULTS = 70
+EXIT_CANCELLED = 71
+EXIT_DRIVER_ERROR = 72
+
+# The ``event`` of each marker; the payload of each is typed in driver.protocol.
+EVENT_STARTED: Final = "started"
+EVENT_PROGRESS: Final = "progress"
+EVENT_RESULTS: Final = "results"
+EVENT_COMPLETED: Final = "completed"
+EVENT_FAILED: Final = "failed"
+EVENT_CANCELLED: Final = "cancelled"
+
+# How the driver is invoked: its console script, or ``python -m driver`` when
+# the package was copied into an image that does not have it installed.
+DRIVER_PROGRAM = "lmeval-driver"
+DRIVER_MODULE = "driver"
+
+# Sub-commands (the run itself has none: options, then ``--``, then lm_eval).
+CMD_DECODE = "decode"
+CMD_RELEASE = "release"
+END_OF_OPTIONS = "--"
+
+# Options of a run (and OPT_OUTPUT_ROOT of ``release``).
+OPT_OUTPUT_ROOT = "--output-root"
+OPT_RUN_ID = "--run-id"
+OPT_PROGRESS_INTERVAL = "--progress-interval"
+OPT_GRACE_PERIOD = "--grace-period"
+OPT_LOG_COPY = "--log-copy"
+OPT_HOLD_SECONDS = "--hold-seconds"
+
+# Environment variables the driver reads: defaults of --output-root (the pod
+# sets it, so that ``release`` through exec finds the same root) and --run-id.
+ENV_OUTPUT_ROOT = "LMEVAL_OUTPUT_ROOT"
+ENV_RUN_ID = "LMEVAL_RUN_ID"
+
+
+def driver_command(python: str | None = None) -> list[str]:
+    """The words that start the driver: its script, or ``<python> -m driver``."""
+    return [DRIVER_PROGRAM] if python is None else [python, "-m", DRIVER_MODULE]
+
+
+def _option(flag: str, value: object) -> str:
+    # One ``--flag=value`` token: whatever the value holds, it cannot be read
+    # as another option. Numbers are written as Python prints them (20, 2.5).
+    return f"{flag}={value}"
+
+
+def run_argv(
+    command: Sequence[str],
+    child_argv: Sequence[str],
+    *,
+    output_root: str | None = None,
+    grace_period: float | None = None,
+    hold_seconds: float | None = None,
+    log_copy: str | None = None,
+    progress_interval: float | None = None,
+    run_id: str | None = None,
+) -> list[str]:
+    """The argv of one run: `command` (see :func:`driver_command`), the options
+    given (the driver's defaults for the others), ``--`` and the child's argv."""
+    options: list[tuple[str, object]] = [
+        (OPT_OUTPUT_ROOT, output_root),
+        (OPT_GRACE_PERIOD, grace_period),
+        (OPT_HOLD_SECONDS, hold_seconds),
+        (OPT_LOG_COPY, log_copy),
+        (OPT_PROGRESS_INTERVAL, progress_interval),
+        (OPT_RUN_ID, run_id),
+    ]
+    given = [_option(flag, value) for flag, value in options if value is not None]
+    return [*command, *given, END_OF_OPTIONS, *child_argv]
+
+
+def release_argv(command: Sequence[str], output_root: str | None = None) -> list[str]:
+    """The argv that ends an exec-mode hold (``$LMEVAL_OUTPUT_ROOT`` by default)."""
+    root = [] if output_root is None else [_option(OPT_OUTPUT_ROOT, output_root)]
+    return [*command, CMD_RELEASE, *root]
