@@ -56,6 +56,7 @@ from rich.table import Table
 
 from driver.decoder import decode_text
 from poller import api
+from poller.results import score_rows
 from poller.sandbox import build
 from poller.sandbox.bringup import (
     METRICS_PORT,
@@ -105,21 +106,11 @@ class DemoOptions:
 
 
 def results_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    """(task, metric, filter, value, stderr) for every score in lm_eval's results JSON."""
-    rows: list[tuple[str, str, str, str, str]] = []
-    for section in ("groups", "results"):
-        for task, scores in sorted((results.get(section) or {}).items()):
-            if section == "results" and task in (results.get("groups") or {}):
-                continue
-            for key, value in sorted(scores.items()):
-                if "," not in key:
-                    continue
-                metric, filter_name = key.split(",", 1)
-                if metric.endswith("_stderr"):
-                    continue
-                stderr = scores.get(f"{metric}_stderr,{filter_name}")
-                rows.append((task, metric, filter_name, _number(value), _number(stderr)))
-    return rows
+    """(task, metric, filter, value, stderr) for every score, as `poller.results` reads them."""
+    return [
+        (row.task, row.metric, row.filter, _number(row.value), _number(row.stderr))
+        for row in score_rows(results)
+    ]
 
 
 def _number(value: Any) -> str:
