@@ -16,7 +16,8 @@ import datetime as dt
 import math
 
 from poller import api
-from poller.model import Action, JobView, PatchStatus, PostEvent, format_time
+from poller.model import Action, JobView, PatchStatus, PostEvent
+from poller.timefmt import format_time
 
 __all__ = ["StatusDraft", "set_condition"]
 

@@ -16,7 +16,6 @@ progress bar on a terminal, or prints one line per change in a pipe.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import time
 from typing import Any
@@ -31,7 +30,7 @@ from rich.progress import (
 )
 
 from driver.protocol import MARKER_PREFIX
-from poller import api, podspec
+from poller import api, podspec, timefmt
 from poller.cli import render, view
 from poller.cli.client import Cluster, fetch_job
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
@@ -66,8 +65,10 @@ def _stamp_key(stamp: str) -> tuple[str, int] | None:
         return None
     whole, fraction, zone = match.groups()
     if zone != "Z":
-        moment = dt.datetime.fromisoformat(whole + zone).astimezone(dt.UTC)
-        whole = moment.strftime("%Y-%m-%dT%H:%M:%S")
+        moment = timefmt.parse_time(whole + zone)
+        if moment is None:
+            return None
+        whole = timefmt.format_time(moment).removesuffix("Z")
     return whole, int((fraction or "0").ljust(9, "0"))
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from poller import api
 from poller.results import ScoreRow, score_rows
+from poller.timefmt import parse_time
 
 __all__ = [
     "ScoreRow",
@@ -72,15 +73,6 @@ def percent(job: dict[str, Any]) -> float | None:
 def progress_text(job: dict[str, Any]) -> str:
     value = percent(job)
     return "-" if value is None else f"{value:.0f}%"
-
-
-def parse_time(text: Any) -> dt.datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def age(text: Any, now: dt.datetime) -> str:
