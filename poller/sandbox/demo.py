@@ -65,10 +65,10 @@ from poller.sandbox.bringup import (
     DemoError,
     Processes,
     clean_workdir,
-    free_port,
     install,
     start_processes,
 )
+from poller.sandbox.components import free_port
 from poller.sandbox.controlplane import ControlPlane, ControlPlaneError
 from poller.sandbox.identities import api_client
 
