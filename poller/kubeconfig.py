@@ -128,7 +128,9 @@ class Credentials:
         expiry = status.get("expirationTimestamp")
         until = timefmt.timestamp(expiry) if expiry else math.inf
         if until is None:
-            raise ValueError(f"exec credential plugin {command}: expirationTimestamp {expiry!r}")
+            raise ValueError(
+                f"exec credential plugin {command}: expirationTimestamp {expiry!r} is not a time"
+            )
         self._until = until
 
 
