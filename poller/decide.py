@@ -42,10 +42,10 @@ from poller.model import (
     ReadLog,
     ReleaseHold,
     StoreResults,
-    parse_time,
 )
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.settings import Settings
+from poller.timefmt import parse_time
 
 __all__ = [
     "EXACT_QUEUE_POSITIONS",

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 
 from driver import protocol
 from poller import api
-from poller.model import Action, JobView, PatchStatus, PostEvent, format_time
+from poller.model import Action, JobView, PatchStatus, PostEvent
+from poller.timefmt import format_time
 
 __all__ = ["StatusDraft", "set_condition"]
 

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from poller.kube import Conflict, Kube, NotFound
-from poller.model import PROOF_ANNOTATION, parse_time
+from poller.model import PROOF_ANNOTATION
+from poller.timefmt import now, parse_time
 
 __all__ = [
     "KEY_BYTES",
@@ -157,5 +158,5 @@ def load_pod_proof(kube: Kube, namespace: str) -> PodProof:
             continue  # another replica made it first: read theirs
         log.info("created the pod-identity key in Secret %s/%s", namespace, KEY_SECRET)
         # The apiserver's creationTimestamp has whole seconds: round down like it.
-        return PodProof(key, dt.datetime.now(dt.UTC).replace(microsecond=0))
+        return PodProof(key, now().replace(microsecond=0))
     raise RuntimeError(f"Secret {namespace}/{KEY_SECRET} could neither be read nor created")

@@ -13,7 +13,6 @@ next to the poller's own health metrics.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,23 +25,11 @@ from prometheus_client.registry import Collector
 from poller import api
 from poller.model import JobView
 from poller.results import Score
+from poller.timefmt import timestamp
 
-__all__ = ["STATES", "JobCollector", "timestamp"]
+__all__ = ["STATES", "JobCollector"]
 
 STATES = tuple(state.value for state in api.JobState)
-
-
-def timestamp(text: str | None) -> float | None:
-    """Seconds since the epoch of an RFC 3339 time, or None."""
-    if not text:
-        return None
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
-from poller import api
+from poller import api, timefmt
 from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
 from poller.model import JobObject, PodObject
 from poller.transport import EXEC_MAX_STDOUT_BYTES, ApiTransport, ExecOutputTooLarge, ExecRefused
@@ -491,7 +491,7 @@ class Kube:
         now: dt.datetime,
     ) -> None:
         """Record a core/v1 Event on the job (what `kubectl describe` shows)."""
-        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = timefmt.format_time(now)
         body = {
             "apiVersion": "v1",
             "kind": "Event",

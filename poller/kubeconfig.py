@@ -22,7 +22,6 @@ kubernetes package (see the transport's docstring for why).
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import math
 import os
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from poller import timefmt
 
 __all__ = ["SERVICE_ACCOUNT", "Credentials", "Endpoint", "in_cluster", "load"]
 
@@ -125,7 +126,12 @@ class Credentials:
         if self._token is None and self.cert is None:
             raise RuntimeError(f"exec credential plugin {command} gave no token nor certificate")
         expiry = status.get("expirationTimestamp")
-        self._until = dt.datetime.fromisoformat(expiry).timestamp() if expiry else math.inf
+        until = timefmt.timestamp(expiry) if expiry else math.inf
+        if until is None:
+            raise ValueError(
+                f"exec credential plugin {command}: expirationTimestamp {expiry!r} is not a time"
+            )
+        self._until = until
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from poller import timefmt
 from poller.kube import Conflict, Kube, NotFound
-from poller.model import parse_time
 
 __all__ = ["LeaderElector"]
 
 log = logging.getLogger(__name__)
-
-
-def _micro_time(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -49,7 +45,7 @@ class LeaderElector:
         identity: str,
         name: str = "lmeval-poller",
         lease_seconds: float = 15.0,
-        wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        wall_clock: Callable[[], dt.datetime] = timefmt.now,
         monotonic: Callable[[], float] = time.monotonic,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
@@ -76,7 +72,7 @@ class LeaderElector:
     def _body(
         self, resource_version: str | None, transitions: int, acquired: str
     ) -> dict[str, Any]:
-        now = _micro_time(self.wall_clock())
+        now = timefmt.format_micro_time(self.wall_clock())
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -108,7 +104,7 @@ class LeaderElector:
                 holder = spec.get("holderIdentity")
                 transitions = int(spec.get("leaseTransitions") or 0)
                 if holder != self.identity:
-                    renewed = parse_time(spec.get("renewTime"))
+                    renewed = timefmt.parse_time(spec.get("renewTime"))
                     duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
                     expired = (
                         renewed is None or (self.wall_clock() - renewed).total_seconds() > duration
@@ -171,7 +167,9 @@ class LeaderElector:
                     "",
                 )
                 body["spec"]["leaseDurationSeconds"] = 1
-                body["spec"]["renewTime"] = _micro_time(self.wall_clock() - dt.timedelta(seconds=5))
+                body["spec"]["renewTime"] = timefmt.format_micro_time(
+                    self.wall_clock() - dt.timedelta(seconds=5)
+                )
                 self.kube.update_lease(body)
             except Exception as error:  # the standby will wait out the lease instead
                 log.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)

@@ -52,8 +52,9 @@ from prometheus_client.registry import Collector
 
 from poller import api
 from poller.cycle import CycleReport
-from poller.jobmetrics import JobCollector, timestamp
+from poller.jobmetrics import JobCollector
 from poller.model import JobView
+from poller.timefmt import timestamp
 
 __all__ = [
     "JOB_DURATION_BUCKETS",

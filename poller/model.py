@@ -13,7 +13,6 @@ a field a view starts reading must be added there too.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,24 +46,7 @@ __all__ = [
     "ReadLog",
     "ReleaseHold",
     "StoreResults",
-    "format_time",
-    "parse_time",
 ]
-
-
-def format_time(moment: dt.datetime) -> str:
-    """RFC 3339 with second precision, as Kubernetes writes times."""
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> dt.datetime | None:
-    """The inverse of `format_time` (None for empty or malformed input)."""
-    if not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 # (typing_extensions' TypedDict: pydantic parses into it on Python < 3.12.)

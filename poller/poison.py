@@ -32,7 +32,7 @@ import urllib3.exceptions
 
 from poller import api
 from poller.apierrors import ApiError, Conflict
-from poller.model import format_time
+from poller.timefmt import format_time
 
 __all__ = [
     "TRANSIENT_ATTEMPTS",

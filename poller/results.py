@@ -7,7 +7,9 @@ budget, dropping the bulky, reproducible parts first, and the complete JSON
 goes to a ConfigMap owned by the job (gzip'd into binaryData when it would
 not fit as text). The numeric scores are read back out of a results JSON
 once, when a job's view is built (`parse_scores`), so that neither the
-decisions nor the metrics hold the text itself. Pure functions: the
+decisions nor the metrics hold the text itself. How scores are read from
+lm_eval's JSON is decided once, here (`iter_score_rows`): the metrics, the
+CLI's tables and the sandbox's table all use it. Pure functions: the
 actuator does the writing.
 """
 
@@ -16,7 +18,8 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
 from sys import intern
 from typing import Any
 
@@ -30,11 +33,14 @@ __all__ = [
     "RESULTS_KEY",
     "STATUS_RESULTS_BUDGET",
     "Score",
+    "ScoreRow",
     "configmap_data_bytes",
+    "iter_score_rows",
     "parse_scores",
     "reduce_results",
     "results_configmap",
     "results_configmap_name",
+    "score_rows",
 ]
 
 STATUS_RESULTS_BUDGET = 256 * 1024
@@ -163,7 +169,7 @@ def configmap_data_bytes(manifest: dict[str, Any]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Score:
-    """One score from lm_eval's results: ``results[task]["metric,filter"]``."""
+    """One numeric score from lm_eval's results: ``results[task]["metric,filter"]``."""
 
     task: str
     metric: str
@@ -172,17 +178,82 @@ class Score:
     stderr: bool  # an ``<metric>_stderr`` value (metric holds the base name)
 
 
-def parse_scores(text: str | None) -> tuple[Score, ...]:
-    """The numeric scores in an lm_eval results JSON; anything else is skipped.
+@dataclass(frozen=True, slots=True)
+class ScoreRow:
+    """One score as lm_eval wrote it, with its stderr: what a person reads in a table."""
 
-    Keys are ``"metric,filter"`` (``"acc,none"``, ``"exact_match,strict-match"``);
-    ``"<metric>_stderr,filter"`` becomes a stderr score of ``<metric>``. Task
-    entries come from ``results`` and, for group scores absent there, from
-    ``groups``. Strings (``alias``, ``"N/A"`` stderr), booleans and keys without
-    a filter (``sample_len``) are not scores. Untrusted text (an admin may
+    task: str
+    metric: str
+    filter: str
+    value: Any  # a number, or whatever lm_eval wrote instead (a boolean, "N/A")
+    stderr: Any  # ``results[task]["<metric>_stderr,filter"]``; None when absent
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def iter_score_rows(
+    document: Mapping[str, Any], task_order: Iterable[str] | None = None
+) -> Iterator[ScoreRow]:
+    """Every (task, metric, filter) score of an lm_eval results JSON, with its stderr.
+
+    The one reading of lm_eval's scores: the metrics (`parse_scores`), the
+    CLI's tables and the sandbox's table all come from here, so they agree.
+    Tasks are those of ``results`` and, for groups absent there (a results
+    JSON may hold a group's scores only under ``groups``), those of
+    ``groups``; ``results`` wins for a name in both (lm_eval 0.4.13 writes
+    every group in ``results`` and the aggregating ones in ``groups`` too).
+    Tasks named in `task_order` (the job's spec) come first, the rest in
+    name order (so the cap on scores keeps the same ones every time).
+
+    lm_eval 0.4 keys scores ``"metric,filter"``; keys without a comma
+    (``alias``, ``name``, ``sample_len``) are metadata. Results older than
+    0.4 have no filters at all: their numeric keys are scores, filter
+    ``none``. ``<metric>_stderr`` keys are the stderr of ``<metric>``, never
+    rows of their own. A task entry that is not an object is skipped.
+    """
+    tasks: dict[str, Any] = {}
+    for section in ("groups", "results"):  # results win over groups
+        entries = document.get(section)
+        if isinstance(entries, dict):
+            tasks.update(entries)
+    first = [task for task in dict.fromkeys(task_order or ()) if task in tasks]
+    named = set(first)
+    for task in first + sorted(task for task in tasks if task not in named):
+        entries = tasks[task]
+        if not isinstance(entries, dict):
+            continue
+        filtered = any("," in key for key in entries)
+        for key, value in entries.items():
+            metric, comma, filter_name = key.partition(",")
+            if metric.endswith("_stderr") or (filtered and not comma):
+                continue
+            if not filtered and not _is_number(value):
+                continue
+            filter_name = filter_name or "none"
+            stderr = entries.get(f"{metric}_stderr,{filter_name}")
+            yield ScoreRow(task, metric, filter_name, value, stderr)
+
+
+def score_rows(
+    document: Mapping[str, Any], task_order: Iterable[str] | None = None
+) -> list[ScoreRow]:
+    """`iter_score_rows` as a list."""
+    return list(iter_score_rows(document, task_order))
+
+
+def parse_scores(text: str | None) -> tuple[Score, ...]:
+    """The numeric scores of an lm_eval results JSON, value and stderr apart.
+
+    The rows of `iter_score_rows` whose value or stderr is a number (a
+    boolean is not; ``"N/A"`` is skipped). Untrusted text (an admin may
     write any status): junk, and anything over the protocol's limits on
     results, gives () and never an exception; at most MAX_SCORES_PER_JOB
-    scores are read (tasks in name order).
+    scores are read.
     """
     if not text:
         return ()
@@ -190,28 +261,14 @@ def parse_scores(text: str | None) -> tuple[Score, ...]:
         document = parse_results_json(text)
     except ValueError:  # junk, or deeper, wider or larger than results may be
         return ()
-    tasks: dict[str, Any] = {}
-    for section in ("groups", "results"):  # results win over groups
-        entries = document.get(section)
-        if isinstance(entries, dict):
-            tasks.update(entries)
     scores: list[Score] = []
-    for task, entries in sorted(tasks.items()):
-        if not isinstance(entries, dict):
-            continue
-        if len(scores) >= MAX_SCORES_PER_JOB:
-            break
-        for key, value in list(entries.items())[: MAX_SCORES_PER_JOB - len(scores)]:
-            if not isinstance(key, str) or "," not in key:
+    for row in iter_score_rows(document):
+        for value, stderr in ((row.value, False), (row.stderr, True)):
+            if not _is_number(value):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            metric, _, filter_name = key.partition(",")
-            stderr = metric.endswith("_stderr")
-            if stderr:
-                metric = metric.removesuffix("_stderr")
+            if len(scores) >= MAX_SCORES_PER_JOB:
+                return tuple(scores)
             # Interned: every job of a suite repeats the same few names.
-            scores.append(
-                Score(intern(str(task)), intern(metric), intern(filter_name), float(value), stderr)
-            )
+            task, metric, filter_name = intern(row.task), intern(row.metric), intern(row.filter)
+            scores.append(Score(task, metric, filter_name, float(value), stderr))
     return tuple(scores)

@@ -11,7 +11,6 @@ in half.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from poller import timefmt
 from poller.cycle import CycleReport, Poller
 
 __all__ = ["JOB_ID", "PollingService"]
@@ -82,7 +82,7 @@ class PollingService:
             coalesce=True,
             misfire_grace_time=None,
             # The first cycle runs right away rather than one interval after start.
-            next_run_time=dt.datetime.now(dt.UTC),
+            next_run_time=timefmt.now(),
         )
         self.scheduler.start()
 

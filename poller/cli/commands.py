@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime as dt
 import gzip
 import json
 from typing import Any
 
-from poller import api
+from poller import api, timefmt
 from poller.cli import follow, render, submit, view
 from poller.cli.client import Cluster, fetch_job, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
@@ -34,10 +33,6 @@ __all__ = [
     "cmd_results",
     "cmd_submit",
 ]
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -113,7 +108,7 @@ def cmd_list(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> 
         out.note(f"No LMEvalJobs found in {where}.")
         return ExitCode.OK
     grid = render.jobs_grid(
-        jobs, all_namespaces=namespace is None, wide=args.output == "wide", now=_now()
+        jobs, all_namespaces=namespace is None, wide=args.output == "wide", now=timefmt.now()
     )
     out.show(render.grid_table(grid, right=("PROGRESS", "AGE")))
     return ExitCode.OK
@@ -131,7 +126,7 @@ def cmd_get(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> i
         events = cluster.list_events(name, namespace)
     except ApiError as error:
         events, note = None, f"(not shown: {explain(error).message})"
-    for part in render.details(job, events, note, _now()):
+    for part in render.details(job, events, note, timefmt.now()):
         out.show(part)
     return ExitCode.OK
 

@@ -16,9 +16,9 @@ progress bar on a terminal, or prints one line per change in a pipe.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.progress import (
@@ -31,14 +31,14 @@ from rich.progress import (
 )
 
 from driver.protocol import MARKER_PREFIX
-from poller import api, podspec
+from poller import api, podspec, timefmt
 from poller.cli import render, view
 from poller.cli.client import Cluster, fetch_job
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.results import LOG_ARCHIVE_KEY, results_configmap_name
 from poller.settings import parse_duration
 
-__all__ = ["LogCursor", "show_logs", "timeout_seconds", "visible", "wait_job"]
+__all__ = ["LogCursor", "follow_job", "show_logs", "timeout_seconds", "visible", "wait_job"]
 
 _STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
 # Markers are a minority of lines; read this many more so --tail N shows N visible lines.
@@ -66,8 +66,10 @@ def _stamp_key(stamp: str) -> tuple[str, int] | None:
         return None
     whole, fraction, zone = match.groups()
     if zone != "Z":
-        moment = dt.datetime.fromisoformat(whole + zone).astimezone(dt.UTC)
-        whole = moment.strftime("%Y-%m-%dT%H:%M:%S")
+        moment = timefmt.parse_time(whole + zone)
+        if moment is None:
+            return None
+        whole = timefmt.format_time(moment).removesuffix("Z")
     return whole, int((fraction or "0").ljust(9, "0"))
 
 
@@ -276,6 +278,35 @@ def _describe(seconds: float) -> str:
     return f"{seconds:g}s" if seconds < 120 else f"{seconds / 60:g}m"
 
 
+def follow_job(
+    cluster: Cluster,
+    name: str,
+    namespace: str,
+    *,
+    timeout: float | None,
+    interval: float,
+    seen: Callable[[dict[str, Any]], None],
+) -> tuple[dict[str, Any], bool]:
+    """Poll the job until it is Complete or `timeout` passes; `seen` gets every read.
+
+    The last job read, and whether it is Complete. The one follower: ``wait``
+    draws its bar from `seen`, the sandbox its state lines; a job that
+    vanishes, or an API error, is a CliError that says why.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        job = fetch_job(cluster, name, namespace)
+        seen(job)
+        if view.state(job) == api.JobState.COMPLETE.value:
+            return job, True
+        if deadline is not None and time.monotonic() >= deadline:
+            return job, False
+        pause = interval
+        if deadline is not None:
+            pause = max(0.0, min(interval, deadline - time.monotonic()))
+        time.sleep(pause)
+
+
 def wait_job(
     cluster: Cluster,
     out: render.Output,
@@ -287,24 +318,17 @@ def wait_job(
     interval: float,
 ) -> int:
     """Poll until the job is Complete (or `timeout`); the exit code says how it ended."""
-    deadline = None if timeout is None else time.monotonic() + timeout
     with _Display(out, name) as display:
-        while True:
-            job = fetch_job(cluster, name, namespace)
-            display.update(job)
-            if view.state(job) == api.JobState.COMPLETE.value:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                percent = view.progress_text(job)
-                out.note(
-                    f"timed out after {_describe(timeout or 0)} waiting for lmevaljob/{name} to "
-                    f"be {want} (state {view.state(job)}, progress {percent})"
-                )
-                return ExitCode.TIMEOUT
-            pause = interval
-            if deadline is not None:
-                pause = max(0.0, min(interval, deadline - time.monotonic()))
-            time.sleep(pause)
+        job, finished = follow_job(
+            cluster, name, namespace, timeout=timeout, interval=interval, seen=display.update
+        )
+    if not finished:
+        percent = view.progress_text(job)
+        out.note(
+            f"timed out after {_describe(timeout or 0)} waiting for lmevaljob/{name} to "
+            f"be {want} (state {view.state(job)}, progress {percent})"
+        )
+        return ExitCode.TIMEOUT
     reason = view.reason(job)
     message = str(view.status(job).get("message") or "")
     if reason == api.JobReason.SUCCEEDED.value:

@@ -6,17 +6,20 @@ headline score, the score rows of lm_eval's results JSON) and must agree on
 them. These pure functions read the job as the API returns it (a dict with
 camelCase keys) and never fail on a partial object: a job the poller has not
 seen yet has no status at all, and results may be absent, reduced or
-malformed. Rendering (rich tables, CSV, Markdown) is in ``render``.
+malformed. Score rows are read by `poller.results.score_rows` (re-exported
+here), the one reading of lm_eval's scores that the metrics and the sandbox
+use too. Rendering (rich tables, CSV, Markdown) is in ``render``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from poller import api
+from poller.results import ScoreRow, score_rows
+from poller.timefmt import parse_time
 
 __all__ = [
     "ScoreRow",
@@ -37,20 +40,6 @@ __all__ = [
 
 # lm_eval model args that name the model itself, most specific first.
 _MODEL_NAME_ARGS = ("pretrained", "model", "engine", "model_name", "path")
-
-
-@dataclass(frozen=True)
-class ScoreRow:
-    """One score of lm_eval's results: results[task]["metric,filter"]."""
-
-    task: str
-    metric: str
-    filter: str
-    value: Any
-    stderr: Any
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def status(job: dict[str, Any]) -> dict[str, Any]:
@@ -84,15 +73,6 @@ def percent(job: dict[str, Any]) -> float | None:
 def progress_text(job: dict[str, Any]) -> str:
     value = percent(job)
     return "-" if value is None else f"{value:.0f}%"
-
-
-def parse_time(text: Any) -> dt.datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def age(text: Any, now: dt.datetime) -> str:
@@ -146,34 +126,6 @@ def job_results(job: dict[str, Any]) -> dict[str, Any] | None:
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None
-
-
-def score_rows(results: dict[str, Any], task_order: list[str] | None = None) -> list[ScoreRow]:
-    """Every (task, metric, filter) score with its stderr, tasks in `task_order` first."""
-    per_task = results.get("results")
-    if not isinstance(per_task, dict):
-        return []
-    order = [t for t in task_order or [] if t in per_task]
-    order += [t for t in per_task if t not in order]
-    rows: list[ScoreRow] = []
-    for task in order:
-        metrics = per_task[task]
-        if not isinstance(metrics, dict):
-            continue
-        # lm_eval 0.4 keys scores "metric,filter"; keys without a comma ("alias",
-        # "name", "sample_len") are metadata. Older results have no filters at all.
-        filtered = any("," in key for key in metrics)
-        for key, value in metrics.items():
-            if key == "alias" or "_stderr" in key.partition(",")[0]:
-                continue
-            if filtered and "," not in key:
-                continue
-            if not filtered and not isinstance(value, int | float):
-                continue
-            metric, _, filter_name = key.partition(",")
-            stderr = metrics.get(f"{metric}_stderr,{filter_name or 'none'}")
-            rows.append(ScoreRow(task, metric, filter_name or "none", value, stderr))
-    return rows
 
 
 def format_value(value: Any) -> str:

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,7 +41,6 @@ __all__ = [
     "DemoError",
     "Processes",
     "clean_workdir",
-    "free_port",
     "install",
     "start_processes",
 ]
@@ -61,18 +59,6 @@ class DemoError(RuntimeError):
 
 
 # -- processes -----------------------------------------------------------------------
-
-
-def free_port(preferred: int) -> int:
-    """`preferred` when it is free, else any free loopback port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the server will: a recent run's TIME_WAIT connections do not block it.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", preferred))
-        except OSError:
-            sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _child_env() -> dict[str, str]:

@@ -14,6 +14,7 @@ directory; none starts a process.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,8 +45,20 @@ CONTROLLER_MANAGER_KUBECONFIG = "controller-manager.kubeconfig"
 SCHEDULER_KUBECONFIG = "scheduler.kubeconfig"
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
+def free_port(preferred: int | None = None) -> int:
+    """`preferred` when it is free, else a loopback port nothing listens on right now.
+
+    The one way the sandbox and the tests pick a port: the plane's
+    components take any, the sandbox's model server and metrics the port
+    its printed instructions name, when it can.
+    """
+    if preferred is not None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As the server will: a recent run's TIME_WAIT connections do not block it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with contextlib.suppress(OSError):
+                sock.bind(("127.0.0.1", preferred))
+                return preferred
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
-from kubernetes import client
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -55,7 +54,12 @@ from rich.progress import (
 from rich.table import Table
 
 from driver.decoder import decode_text
-from poller import api
+from poller import api, podspec
+from poller.cli import view
+from poller.cli.client import Cluster
+from poller.cli.errors import ApiError, CliError
+from poller.cli.follow import follow_job
+from poller.results import score_rows
 from poller.sandbox import build
 from poller.sandbox.bringup import (
     METRICS_PORT,
@@ -64,10 +68,10 @@ from poller.sandbox.bringup import (
     DemoError,
     Processes,
     clean_workdir,
-    free_port,
     install,
     start_processes,
 )
+from poller.sandbox.components import free_port
 from poller.sandbox.controlplane import ControlPlane, ControlPlaneError
 from poller.sandbox.identities import api_client
 
@@ -105,21 +109,11 @@ class DemoOptions:
 
 
 def results_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    """(task, metric, filter, value, stderr) for every score in lm_eval's results JSON."""
-    rows: list[tuple[str, str, str, str, str]] = []
-    for section in ("groups", "results"):
-        for task, scores in sorted((results.get(section) or {}).items()):
-            if section == "results" and task in (results.get("groups") or {}):
-                continue
-            for key, value in sorted(scores.items()):
-                if "," not in key:
-                    continue
-                metric, filter_name = key.split(",", 1)
-                if metric.endswith("_stderr"):
-                    continue
-                stderr = scores.get(f"{metric}_stderr,{filter_name}")
-                rows.append((task, metric, filter_name, _number(value), _number(stderr)))
-    return rows
+    """(task, metric, filter, value, stderr) for every score, as `poller.results` reads them."""
+    return [
+        (row.task, row.metric, row.filter, _number(row.value), _number(row.stderr))
+        for row in score_rows(results)
+    ]
 
 
 def _number(value: Any) -> str:
@@ -177,26 +171,65 @@ class _Seen:
     message: str = ""
 
 
-class JobFollower:
-    """Reads the job (and, for progress, the pod log) as the admin."""
+class Watched(Protocol):
+    """What runs beside the job: `check` raises DemoError when a part died."""
 
-    def __init__(self, admin: client.ApiClient, namespace: str, name: str) -> None:
-        self.custom = client.CustomObjectsApi(admin)
-        self.core = client.CoreV1Api(admin)
-        self.namespace = namespace
-        self.name = name
+    def check(self) -> None: ...
+
+
+class _StateLines:
+    """The sandbox's view of the CLI's follower: a line per state change, a live bar.
+
+    `poller.cli.follow.follow_job` does the polling; this only shows each
+    read (every 0.25 s, so state changes print as they happen). Until the
+    poller has written progress to status, the bar shows the driver's own
+    progress markers from the pod log, read at most once a second.
+    """
+
+    def __init__(
+        self, cluster: Cluster, console: Console, bar: Progress, processes: Watched
+    ) -> None:
+        self.cluster = cluster
+        self.console = console
+        self.bar = bar
+        self.task = bar.add_task("job", total=None, state="New", phase="")
+        self.processes = processes
+        self.begin = time.monotonic()
+        self.seen = _Seen()
         self._log_read = 0.0
         self._log_progress: dict[str, Any] | None = None
 
-    def status(self) -> dict[str, Any]:
-        job = self.custom.get_namespaced_custom_object(
-            api.API_GROUP, api.API_VERSION, self.namespace, api.PLURAL, self.name
-        )
-        assert isinstance(job, dict)
-        status: dict[str, Any] = job.get("status") or {}
-        return status
+    def __call__(self, job: dict[str, Any]) -> None:
+        self.processes.check()
+        status = view.status(job)
+        state = status.get("state") or "New"
+        reason = status.get("reason") or ""
+        message = status.get("message") or ""
+        if (state, reason, message) != (self.seen.state, self.seen.reason, self.seen.message):
+            self.seen = _Seen(state, reason, message)
+            shown = f"{reason}: {message}" if reason not in ("", "NoReason") else message
+            if state == "New" and not shown:
+                shown = "submitted; waiting for the poller"
+            elapsed = time.monotonic() - self.begin
+            style = {"Succeeded": "green", "Failed": "red", "Cancelled": "yellow"}.get(
+                reason, "cyan"
+            )
+            self.console.print(
+                f"  {elapsed:5.1f}s  [{style}]{state:<10}[/]  {shown}", soft_wrap=True
+            )
+        if state == "Complete":
+            return
+        progress = self._progress(status) or {}
+        percent = progress.get("percent")
+        phase = str(progress.get("phase") or "")[:48]
+        if isinstance(percent, int | float):
+            self.bar.update(
+                self.task, total=100, completed=float(percent), state=state, phase=phase
+            )
+        else:
+            self.bar.update(self.task, total=None, state=state, phase=phase)
 
-    def progress(self, status: dict[str, Any]) -> dict[str, Any] | None:
+    def _progress(self, status: dict[str, Any]) -> dict[str, Any] | None:
         """The latest progress: the poller's status.progress, else the driver's markers."""
         if status.get("progress"):
             progress: dict[str, Any] = status["progress"]
@@ -206,9 +239,10 @@ class JobFollower:
             return None
         if time.monotonic() - self._log_read > 1.0:
             self._log_read = time.monotonic()
+            # Progress from the log is a nicety: nothing in reading it may stop the run.
             with contextlib.suppress(Exception):
-                text = self.core.read_namespaced_pod_log(
-                    pod, self.namespace, container="lmeval", tail_lines=200
+                text = self.cluster.read_log(
+                    pod, self.cluster.namespace, podspec.MAIN_CONTAINER, tail_lines=200
                 )
                 decoded = decode_text(text)
                 if decoded.last_progress is not None:
@@ -217,28 +251,11 @@ class JobFollower:
                     self._log_progress = {"phase": "lm_eval starting"}
         return self._log_progress
 
-    def log_tail(self, pod: str, lines: int = 15) -> str:
-        try:
-            text: str = self.core.read_namespaced_pod_log(
-                pod, self.namespace, container="lmeval", tail_lines=lines
-            )
-        except Exception as error:
-            return f"(log unavailable: {error})"
-        return text
-
-
-class Watched(Protocol):
-    """What runs beside the job: `check` raises DemoError when a part died."""
-
-    def check(self) -> None: ...
-
 
 def follow(
-    follower: JobFollower, console: Console, timeout: float, processes: Watched
+    cluster: Cluster, name: str, console: Console, timeout: float, processes: Watched
 ) -> dict[str, Any]:
     """Show the job's states and progress until it is Complete; its final status."""
-    begin = time.monotonic()
-    seen = _Seen()
     columns = (
         SpinnerColumn(),
         TextColumn("[bold]{task.fields[state]:<10}"),
@@ -248,37 +265,24 @@ def follow(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("job", total=None, state="New", phase="")
-        while True:
-            processes.check()
-            status = follower.status()
-            state = status.get("state") or "New"
-            reason = status.get("reason") or ""
-            message = status.get("message") or ""
-            if (state, reason, message) != (seen.state, seen.reason, seen.message):
-                seen = _Seen(state, reason, message)
-                shown = f"{reason}: {message}" if reason not in ("", "NoReason") else message
-                if state == "New" and not shown:
-                    shown = "submitted; waiting for the poller"
-                elapsed = time.monotonic() - begin
-                style = {"Succeeded": "green", "Failed": "red", "Cancelled": "yellow"}.get(
-                    reason, "cyan"
-                )
-                console.print(
-                    f"  {elapsed:5.1f}s  [{style}]{state:<10}[/]  {shown}", soft_wrap=True
-                )
-            if state == "Complete":
-                return status
-            progress = follower.progress(status) or {}
-            percent = progress.get("percent")
-            phase = str(progress.get("phase") or "")[:48]
-            if isinstance(percent, int | float):
-                bar.update(task, total=100, completed=float(percent), state=state, phase=phase)
-            else:
-                bar.update(task, total=None, state=state, phase=phase)
-            if time.monotonic() - begin > timeout:
-                raise DemoError(f"the job did not finish within {timeout:.0f} s")
-            time.sleep(0.25)
+        lines = _StateLines(cluster, console, bar, processes)
+        try:
+            job, finished = follow_job(
+                cluster, name, cluster.namespace, timeout=timeout, interval=0.25, seen=lines
+            )
+        except CliError as error:  # the job was deleted, the apiserver refused, ...
+            raise DemoError(error.message) from error
+    if not finished:
+        raise DemoError(f"the job did not finish within {timeout:.0f} s")
+    return view.status(job)
+
+
+def log_tail(cluster: Cluster, pod: str, lines: int = 15) -> str:
+    """The end of the job pod's log, or why it cannot be read."""
+    try:
+        return cluster.read_log(pod, cluster.namespace, podspec.MAIN_CONTAINER, tail_lines=lines)
+    except (ApiError, CliError) as error:
+        return f"(log unavailable: {error})"
 
 
 # -- the command -----------------------------------------------------------------------
@@ -383,9 +387,9 @@ def _run_local(options: DemoOptions, console: Console) -> int:
         console.print(f"following LMEvalJob [bold]{DEMO_NAMESPACE}/{job_name}[/]:")
         evaluation_begin = time.monotonic()
         with api_client(plane.kubeconfig) as admin:
-            follower = JobFollower(admin, DEMO_NAMESPACE, job_name)
-            status = follow(follower, console, options.timeout, processes)
-            succeeded = show_outcome(console, follower, status)
+            cluster = Cluster(admin, DEMO_NAMESPACE)
+            status = follow(cluster, job_name, console, options.timeout, processes)
+            succeeded = show_outcome(console, cluster, status)
         evaluation = time.monotonic() - evaluation_begin
         total = time.monotonic() - begin
         console.print(
@@ -407,7 +411,7 @@ def _run_local(options: DemoOptions, console: Console) -> int:
                 console.print("sandbox stopped" + (f"; {farewell}" if farewell else ""))
 
 
-def show_outcome(console: Console, follower: JobFollower, status: dict[str, Any]) -> bool:
+def show_outcome(console: Console, cluster: Cluster, status: dict[str, Any]) -> bool:
     """Print the results table, or the end of the pod log; True when it Succeeded."""
     succeeded = status.get("reason") == "Succeeded"
     if succeeded and status.get("results"):
@@ -418,7 +422,7 @@ def show_outcome(console: Console, follower: JobFollower, status: dict[str, Any]
     elif not succeeded and status.get("podName"):
         console.print(f"[dim]last lines of pod {status['podName']}:[/]")
         console.print(
-            follower.log_tail(status["podName"]), markup=False, highlight=False, soft_wrap=True
+            log_tail(cluster, status["podName"]), markup=False, highlight=False, soft_wrap=True
         )
     return succeeded
 

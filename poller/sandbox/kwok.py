@@ -20,10 +20,11 @@ log and a local command answers `kubectl exec`.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from poller import timefmt
 
 __all__ = [
     "ANNOTATION_EXIT_CODE",
@@ -90,7 +91,7 @@ def node_body(
 
 def cri_log_lines(lines: Iterable[str], *, stream: str = "stdout") -> str:
     """Render lines in the container runtime's log format, which kwok serves."""
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    now = timefmt.format_micro_time(timefmt.now())
     return "".join(f"{now} {stream} F {line}\n" for line in lines)
 
 

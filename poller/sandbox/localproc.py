@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from poller import timefmt
 from poller.sandbox.podfs import TERMINATION_LINES, PathMapper
 
 __all__ = [
@@ -36,9 +37,6 @@ __all__ = [
     "process_table",
     "pump",
     "remember_family",
-    "rfc3339",
-    "rfc3339_nano",
-    "utc_now",
     "wait_for_exit",
 ]
 
@@ -46,18 +44,6 @@ __all__ = [
 # holding the pipe) before the termination is reported anyway.
 DRAIN_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def rfc3339_nano(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # -- processes ----------------------------------------------------------------------
@@ -137,7 +123,7 @@ class Container:
         if not any(t.is_alive() for t in self.readers):
             return True
         finished = self.finished_at
-        return finished is not None and (utc_now() - finished).total_seconds() > DRAIN_SECONDS
+        return finished is not None and (timefmt.now() - finished).total_seconds() > DRAIN_SECONDS
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -155,8 +141,10 @@ class Container:
             terminated: dict[str, Any] = {
                 "exitCode": self.exit_code,
                 "reason": self.reason,
-                "startedAt": rfc3339(self.started_at or self.finished_at or utc_now()),
-                "finishedAt": rfc3339(self.finished_at or utc_now()),
+                "startedAt": timefmt.format_time(
+                    self.started_at or self.finished_at or timefmt.now()
+                ),
+                "finishedAt": timefmt.format_time(self.finished_at or timefmt.now()),
             }
             if self.signal:
                 terminated["signal"] = self.signal
@@ -165,7 +153,7 @@ class Container:
             out["state"] = {"terminated": terminated}
         elif self.proc is not None:
             assert self.started_at is not None
-            out["state"] = {"running": {"startedAt": rfc3339(self.started_at)}}
+            out["state"] = {"running": {"startedAt": timefmt.format_time(self.started_at)}}
         else:
             waiting: dict[str, Any] = {"reason": self.waiting_reason or "ContainerCreating"}
             if self.waiting_message:
@@ -240,7 +228,7 @@ class LocalPod:
 
 
 def cri_line(stream: bytes, line: bytes) -> bytes:
-    stamp = rfc3339_nano(utc_now()).encode()
+    stamp = timefmt.format_micro_time(timefmt.now()).encode()
     return stamp + b" " + stream + b" F " + line + b"\n"
 
 
@@ -267,7 +255,7 @@ def wait_for_exit(
 ) -> None:
     assert c.proc is not None
     c.proc.wait()
-    c.finished_at = utc_now()
+    c.finished_at = timefmt.now()
     for reader in readers:
         reader.join(DRAIN_SECONDS)
     with lock:

@@ -15,7 +15,8 @@ import contextlib
 import os
 from typing import Any
 
-from poller.sandbox.localproc import LocalPod, memory_kib, rfc3339, utc_now
+from poller import timefmt
+from poller.sandbox.localproc import LocalPod, memory_kib
 from poller.sandbox.podfs import HOST_IP
 from poller.sandbox.podsetup import ApiError, JsonApi
 
@@ -71,7 +72,7 @@ def node_body(name: str, *, tainted: bool = True) -> dict[str, Any]:
 
 def node_status(name: str, kwok_port: int, ready: bool = True) -> dict[str, Any]:
     """The node's status: this machine's capacity, Ready or not, kwok's kubelet port."""
-    now = rfc3339(utc_now())
+    now = timefmt.format_time(timefmt.now())
     capacity = {
         "cpu": str(os.cpu_count() or 1),
         "memory": f"{memory_kib()}Ki",
@@ -147,7 +148,7 @@ def ensure_node(
 def _condition(pod: LocalPod, kind: str, ok: bool, reason: str = "") -> dict[str, Any]:
     status = "True" if ok else "False"
     previous = pod.transitions.get(kind)
-    when = previous[1] if previous and previous[0] == status else rfc3339(utc_now())
+    when = previous[1] if previous and previous[0] == status else timefmt.format_time(timefmt.now())
     pod.transitions[kind] = (status, when)
     out = {"type": kind, "status": status, "lastTransitionTime": when, "lastProbeTime": None}
     if reason:
@@ -182,7 +183,7 @@ def pod_status(pod: LocalPod) -> dict[str, Any]:
     if pod.init:
         status["initContainerStatuses"] = [c.status() for c in pod.init]
     if pod.start_time is not None:
-        status["startTime"] = rfc3339(pod.start_time)
+        status["startTime"] = timefmt.format_time(pod.start_time)
     if pod.lost:
         status["reason"] = "ContainerStatusUnknown"
     return status

@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from poller import timefmt
+
 _VALIDITY = dt.timedelta(days=30)
 
 __all__ = ["CertPair", "Pki", "issue_cert", "issue_client_cert", "make_pki"]
@@ -71,7 +73,7 @@ class _Issuer:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
+        now = timefmt.now()
         name = _name("lmeval-sandbox-ca")
         self.cert = (
             x509.CertificateBuilder()
@@ -109,7 +111,7 @@ class _Issuer:
         client: bool = False,
     ) -> CertPair:
         key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
+        now = timefmt.now()
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
         builder = (
             x509.CertificateBuilder()
@@ -216,7 +218,7 @@ def issue_cert(
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
-    now = dt.datetime.now(dt.UTC)
+    now = timefmt.now()
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name(attrs))

@@ -27,6 +27,7 @@ import yaml
 from rich.console import Console
 
 from poller import api
+from poller.cli.client import Cluster
 from poller.sandbox import demo, images
 from poller.sandbox.bringup import DemoError, clean_workdir
 from poller.sandbox.controlplane import ControlPlane
@@ -125,9 +126,9 @@ def run_on_real_node(options: demo.DemoOptions, console: Console) -> int:
         console.print(f"following LMEvalJob [bold]{demo.DEMO_NAMESPACE}/{job_name}[/]:")
         evaluation_begin = time.monotonic()
         with api_client(plane.kubeconfig) as admin:
-            follower = demo.JobFollower(admin, demo.DEMO_NAMESPACE, job_name)
-            status = demo.follow(follower, console, options.timeout, _NodeWatch(node))
-            succeeded = demo.show_outcome(console, follower, status)
+            cluster = Cluster(admin, demo.DEMO_NAMESPACE)
+            status = demo.follow(cluster, job_name, console, options.timeout, _NodeWatch(node))
+            succeeded = demo.show_outcome(console, cluster, status)
         pod = status.get("podName") or ""
         where = plane.kubectl(
             "get",

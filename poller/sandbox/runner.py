@@ -61,6 +61,7 @@ from typing import Any
 
 from kubernetes import client
 
+from poller import timefmt
 from poller.sandbox import node
 from poller.sandbox.identities import api_client
 from poller.sandbox.localproc import (
@@ -68,7 +69,6 @@ from poller.sandbox.localproc import (
     LocalPod,
     process_table,
     remember_family,
-    utc_now,
 )
 from poller.sandbox.node import NODE_LABEL, NODE_NAME, NODE_TAINT, placement
 from poller.sandbox.podfs import (
@@ -259,7 +259,7 @@ class LocalRunner:
             for c in pod.main:
                 c.exit_code, c.reason = 137, "ContainerStatusUnknown"
                 c.message = "The container could not be located when the pod was terminated"
-                c.finished_at = utc_now()
+                c.finished_at = timefmt.now()
         elif deleting:
             self._finalize(pod.namespace, pod.name, pod.uid)
             return None
@@ -313,7 +313,7 @@ class LocalRunner:
             pod.retry_at = time.monotonic() + CONFIG_RETRY_SECONDS
             return
         pod.prepared = True
-        pod.start_time = utc_now()
+        pod.start_time = timefmt.now()
 
     # -- processes -------------------------------------------------------------------
 
@@ -330,7 +330,7 @@ class LocalRunner:
                 return
             if copies_only(c.spec):
                 # The driver is installed in this environment already.
-                c.started_at = c.finished_at = utc_now()
+                c.started_at = c.finished_at = timefmt.now()
                 c.exit_code, c.reason = 0, "Completed"
                 continue
             self._spawn(pod, c)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from poller import timefmt
 from poller.sandbox.localproc import (
     Container,
     LocalPod,
@@ -29,7 +30,6 @@ from poller.sandbox.localproc import (
     die_with_parent,
     pump,
     remember_family,
-    utc_now,
     wait_for_exit,
 )
 from poller.sandbox.podfs import expand_vars, local_argv, termination_message
@@ -61,7 +61,7 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
         cwd = str(pod.root)
     Path(cwd).mkdir(parents=True, exist_ok=True)
     assert c.log_path is not None
-    c.started_at = utc_now()
+    c.started_at = timefmt.now()
     if not c.spec.get("command"):
         start_failed(
             c,
@@ -100,7 +100,7 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
 def start_failed(c: Container, message: str) -> None:
     """Terminate `c` as containerd reports a failed start (128, StartError), and log why."""
     c.exit_code, c.reason, c.message = START_ERROR_CODE, "StartError", message
-    c.finished_at = utc_now()
+    c.finished_at = timefmt.now()
     if c.log_path is not None:
         with c.log_path.open("ab") as handle:
             handle.write(cri_line(b"stderr", message.encode()))

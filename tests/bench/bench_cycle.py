@@ -59,7 +59,6 @@ import platform
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -88,6 +87,7 @@ from poller.crd import CRD_PATH  # noqa: E402
 from poller.cycle import MANAGED_SELECTOR, Poller  # noqa: E402
 from poller.kube import PAGE_SIZE, Kube  # noqa: E402
 from poller.sandbox import kwok  # noqa: E402
+from poller.sandbox.components import free_port  # noqa: E402
 from poller.sandbox.controlplane import ControlPlane  # noqa: E402
 from poller.sandbox.identities import service_account_kubeconfig  # noqa: E402
 from poller.settings import CONFIGMAP_NAME, Settings  # noqa: E402
@@ -235,13 +235,6 @@ def kubeconfig_token(path: Path) -> str:
 
 
 # -- statistics ------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def percentile(values: list[float], fraction: float) -> float:

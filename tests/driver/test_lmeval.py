@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from driver.protocol import EXIT_CANCELLED, EXIT_NO_RESULTS, MARKER_PREFIX
+from poller.sandbox.components import free_port
 from poller.sandbox.model_server import ModelServer
 from tests.driver.conftest import (
     DriverRun,
@@ -199,12 +199,6 @@ def test_unknown_task_fails_with_lm_evals_message(
     assert outcome is not None and outcome.event == "failed" and outcome.exit_code == 1
     assert outcome.message == "ValueError: Tasks not found: nope_x"
     assert run.decoded().results is None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_model_server_down_fails(tasks: Tasks, lmeval_env: dict[str, str], tmp_path: Path) -> None:

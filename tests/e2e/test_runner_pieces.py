@@ -4,18 +4,24 @@ No cluster: how container paths become local paths (mount paths, their
 parent directories, never URLs or unrelated absolute paths), Kubernetes'
 ``$(VAR)`` expansion, the container argv as a local command line, the
 kubelet's FallbackToLogsOnError message, the node placement the samples
-use, the samples' port substitution and the results table's rows.
+use, the samples' port substitution, the results table's rows, and how the
+run command follows a job through the CLI's follower (a scripted cluster).
 """
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
+from rich.console import Console
 
 from poller import api
 from poller.sandbox import demo
+from poller.sandbox.bringup import DemoError
 from poller.sandbox.runner import (
     NODE_LABEL,
     PathMapper,
@@ -127,3 +133,72 @@ def test_results_rows() -> None:
         ("t_gen", "exact_match", "strict", "1", "N/A"),
         ("t_mc", "acc", "none", "0.2500", "0.1637"),
     ]
+
+
+class _ScriptedCluster:
+    """The two calls the follower makes, answering from a list of statuses."""
+
+    namespace = "lmeval-demo"
+
+    def __init__(self, statuses: list[dict[str, Any]]) -> None:
+        self.statuses = statuses
+        self.reads = 0
+
+    def get_job(self, name: str, namespace: str) -> dict[str, Any]:
+        status = self.statuses[min(self.reads, len(self.statuses) - 1)]
+        self.reads += 1
+        return {"metadata": {"name": name, "namespace": namespace}, "status": status}
+
+    def read_log(self, pod: str, namespace: str, container: str, **_: Any) -> str:
+        return f"last line of {namespace}/{pod} ({container})\n"
+
+
+class _Alive:
+    def __init__(self, dies_after: int | None = None) -> None:
+        self.checks, self.dies_after = 0, dies_after
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.dies_after is not None and self.checks > self.dies_after:
+            raise DemoError("lmeval-poller exited")
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    text = io.StringIO()
+    return Console(file=text, width=120, color_system=None), text
+
+
+def test_follow_prints_each_state_once_through_the_cli_follower() -> None:
+    done = {"state": "Complete", "reason": "Succeeded", "message": "2 tasks", "podName": "p"}
+    cluster = _ScriptedCluster(
+        [
+            {},
+            {},
+            {"state": "Scheduled", "podName": "p"},
+            {"state": "Running", "podName": "p"},
+            {"state": "Running", "podName": "p", "progress": {"percent": 50}},
+            done,
+        ]
+    )
+    console, text = _console()
+    status = demo.follow(cluster, "j", console, timeout=30, processes=_Alive())  # type: ignore[arg-type]
+    assert status == done
+    shown = [line.split(maxsplit=1) for line in text.getvalue().splitlines() if line.strip()]
+    assert all(elapsed.endswith("s") for elapsed, _ in shown), shown
+    lines = [line.rstrip() for _, line in shown]
+    assert lines == [
+        "New         submitted; waiting for the poller",
+        "Scheduled",
+        "Running",
+        "Complete    Succeeded: 2 tasks",
+    ]
+    assert demo.log_tail(cluster, "p") == "last line of lmeval-demo/p (lmeval)\n"  # type: ignore[arg-type]
+
+
+def test_follow_stops_on_a_dead_process_and_on_its_timeout() -> None:
+    console, _ = _console()
+    running = _ScriptedCluster([{"state": "Running", "podName": "p"}])
+    with pytest.raises(DemoError, match="lmeval-poller exited"):
+        demo.follow(running, "j", console, timeout=30, processes=_Alive(dies_after=2))  # type: ignore[arg-type]
+    with pytest.raises(DemoError, match="did not finish within 0 s"):
+        demo.follow(running, "j", console, timeout=0.3, processes=_Alive())  # type: ignore[arg-type]

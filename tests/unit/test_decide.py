@@ -40,10 +40,10 @@ from poller.model import (
     ReadLog,
     ReleaseHold,
     StoreResults,
-    format_time,
 )
 from poller.ownership import PodTrust, judge_pod
 from poller.settings import Settings
+from poller.timefmt import format_time
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 SETTINGS = Settings()

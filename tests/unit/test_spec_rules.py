@@ -28,8 +28,9 @@ import pytest
 from pydantic import ValidationError
 
 from poller import api, crd, decide, podspec, specrules
-from poller.model import CreatePod, JobView, PatchStatus, format_time
+from poller.model import CreatePod, JobView, PatchStatus
 from poller.settings import Settings
+from poller.timefmt import format_time
 
 KIB = 1024
 

@@ -27,10 +27,10 @@ from poller.model import (
     DeleteJob,
     JobView,
     PatchStatus,
-    format_time,
 )
 from poller.results import parse_scores
 from poller.settings import Settings
+from poller.timefmt import format_time
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 RESULTS = {
