@@ -361,7 +361,7 @@ def _plain(_: Path, log: Path) -> None:
         capture=True,
     ).strip()
     try:
-        run = ["buildah", "run", "--isolation", "chroot", container, "--"]
+        run = ["buildah", "run", "--isolation", "chroot", "--user", "0:0", container, "--"]
         _run([*run, "pip", "uninstall", "--yes", "--quiet", "lmeval-poller"], log)
         # Prove it: the driver is gone, lm_eval is there.
         _run(
