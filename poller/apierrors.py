@@ -37,7 +37,7 @@ class ApiError(Exception):
         self.body = body
 
     @property
-    def retry_later(self) -> bool:
+    def transient(self) -> bool:
         """The apiserver (or a kubelet behind it) failed, or asks to slow down:
         the same request may succeed next cycle, unlike a refusal for good."""
         return self.status >= 500 or self.status == 429
