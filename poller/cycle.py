@@ -167,9 +167,13 @@ class Poller:
             self._count_error(report, meta, error)
         jobs, pods_by_job = listing.jobs, listing.pods_by_job
         queue = plan_queue(jobs, pods_by_job, settings.max_running_jobs)
+        # Transitions first, progress reads after: each progress read is a log
+        # GET, and a job whose pod just ended must not wait behind dozens of
+        # them. A job with nothing to read is decided here (pure and cheap);
+        # the jobs with something to read or do run on a few threads at once.
         outcomes: list[JobView | Future[JobView]] = []
-        # Jobs whose only need is a progress read, for after the transitions:
-        # (index into outcomes, when they were first looked at, what they need).
+        # Jobs whose only need is a progress read (within the budget), for after
+        # the transitions: (index into outcomes, when first looked at, needs).
         progress: list[tuple[int, dt.datetime, Needs]] = []
         budget = settings.progress_reads_per_cycle
         with ThreadPoolExecutor(ACTION_WORKERS, thread_name_prefix="lmeval-act") as pool:
