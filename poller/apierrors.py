@@ -1,11 +1,14 @@
-"""The errors of the API layer (`poller.kube`), as the rest of the poller meets them.
+"""The errors of the API layer, as the poller, the CLI and the sandbox meet them.
 
 Each is a decision the caller makes differently: a 404 means the object is
 gone, a 409 that another writer got there first (decide again next cycle),
 `NotOwned` that the name the poller would write is someone else's object
 (never overwrite it), and `ApiError` carries any other status with the
-apiserver's own words, which end up in a job's message. `poller.poison`
-sorts them into transient, waiting and poison.
+apiserver's own words, which end up in a job's message. Whether the same
+request may succeed later is one property, `ApiError.transient`, which the
+operator (`poller.act`, `poller.podreads`, `poller.poison`), the CLI
+(`poller.cli.errors.ApiError`, which adds what was asked) and the sandbox
+(`poller.sandbox.podsetup.ApiError`) all inherit.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class NotOwned(Exception):
 
 
 class ApiError(Exception):
-    """The apiserver answered with an error status (other than 404 and 409)."""
+    """The apiserver answered with an error status (the operator's `Kube` raises
+    it for any but 404 and 409; the CLI and the sandbox for any outside 2xx)."""
 
     def __init__(self, status: int, reason: str, body: str = "") -> None:
         super().__init__(status, reason, body)
@@ -37,7 +41,7 @@ class ApiError(Exception):
         self.body = body
 
     @property
-    def retry_later(self) -> bool:
+    def transient(self) -> bool:
         """The apiserver (or a kubelet behind it) failed, or asks to slow down:
         the same request may succeed next cycle, unlike a refusal for good."""
         return self.status >= 500 or self.status == 429

@@ -1,8 +1,9 @@
 """Decide what to do for one LMEvalJob: a pure function.
 
 ``decide(job, pod, settings, now, log, ...)`` looks at the job, its pod (or
-None), the settings, the injected clock and, when it asked for it, the
-decoded log tail, and returns the actions that move the job one step along
+None), the settings, the injected clock and, when ``what_to_observe`` asked
+for them, the decoded log tail, the exec'd results and the namespace's UID,
+and returns the actions that move the job one step along
 
     New -> Scheduled -> Running -> Complete (Succeeded | Failed | Cancelled)
                  \\-> Suspended -> (resume) -> Scheduled ...
@@ -21,6 +22,7 @@ is `poller.outcome`. It does no I/O and imports nothing from `kubernetes`.
 from __future__ import annotations
 
 import datetime as dt
+from enum import Enum
 
 from pydantic import ValidationError
 
@@ -33,13 +35,13 @@ from poller.model import (
     Decision,
     DeleteJob,
     DeletePod,
-    ExecResults,
     ExecView,
     JobView,
+    LogRequest,
     LogView,
+    Needs,
     PodView,
     QueueSlot,
-    ReadLog,
     ReleaseHold,
     StoreResults,
 )
@@ -50,9 +52,12 @@ from poller.timefmt import parse_time
 __all__ = [
     "EXACT_QUEUE_POSITIONS",
     "PROGRESS_TAIL_LINES",
+    "Step",
     "decide",
     "decide_failure",
     "queue_message",
+    "route",
+    "what_to_observe",
 ]
 
 # Progress markers are rate-limited by the driver; the newest is near the end.
@@ -271,6 +276,108 @@ def _pending(
     return _stop(job, pod, settings, now, R.FAILED, message, cause=reason)
 
 
+class Step(Enum):
+    """Which branch of `decide` a job and its pod are in: the routing alone.
+
+    Shared by `decide` and `what_to_observe`, so that what is read before
+    deciding is exactly what the branch taken will use (and a pod the poller
+    did not make is never read).
+    """
+
+    NOTHING = "nothing"  # the job is being deleted, or its old pod still goes away
+    RETENTION = "retention"  # finished: only its TTL
+    UNREADABLE = "unreadable"
+    FOREIGN_POD = "foreign-pod"
+    ADOPT_POD = "adopt-pod"
+    CANCEL = "cancel"
+    SUSPEND = "suspend"
+    SCHEDULE = "schedule"  # make a pod
+    OVERDUE = "overdue"  # activeDeadlineSeconds passed
+    QUEUED = "queued"
+    POD_VANISHED = "pod-vanished"
+    EVICTED = "evicted"
+    FINISHED = "finished"  # the main container terminated
+    ENDED_EARLY = "ended-early"  # the pod ended before the main container ran
+    POD_DELETING = "pod-deleting"
+    STARTING = "starting"  # pending, or the container waits
+    RUNNING = "running"
+
+
+def route(job: JobView, pod: PodView | None, now: dt.datetime, queue: QueueSlot | None) -> Step:
+    """The branch of `decide` for this observation. Pure."""
+    if job.deleting:
+        return Step.NOTHING
+    state = job.status.state
+    if state == S.COMPLETE:
+        return Step.RETENTION
+    if job.problem is not None:
+        return Step.UNREADABLE
+    if pod is not None:
+        trust = judge_pod(job, pod)[0]
+        if trust is PodTrust.FOREIGN:
+            return Step.FOREIGN_POD
+        if trust is PodTrust.ADOPT:
+            return Step.ADOPT_POD
+    if job.cancel_requested:
+        return Step.CANCEL
+    if job.suspend_requested:
+        return Step.SUSPEND
+    if state == S.SUSPENDED:
+        # The old pod still going away: resume after.
+        return Step.NOTHING if pod is not None else Step.SCHEDULE
+    if _deadline_exceeded(job, now) is not None:
+        return Step.OVERDUE
+    if pod is None:
+        if state in (None, S.NEW):
+            return Step.QUEUED if queue is not None else Step.SCHEDULE
+        return Step.POD_VANISHED
+    return _pod_step(pod)
+
+
+def _pod_step(pod: PodView) -> Step:
+    if pod.phase == "Failed" and pod.reason == "Evicted":
+        return Step.EVICTED
+    if pod.main.state == "terminated":
+        return Step.FINISHED
+    if pod.phase in ("Failed", "Succeeded"):
+        return Step.ENDED_EARLY
+    if pod.deleting:
+        return Step.POD_DELETING
+    if pod.main.state != "running":
+        return Step.STARTING
+    return Step.RUNNING
+
+
+def what_to_observe(
+    job: JobView,
+    pod: PodView | None,
+    settings: Settings,
+    now: dt.datetime,
+    *,
+    queue: QueueSlot | None = None,
+    progress_due: bool = False,
+) -> Needs:
+    """What `decide` will need beyond the job and its pod, read before it runs. Pure.
+
+    A pod about to be made needs the namespace's UID range; a terminated
+    container, its log (from `outcome.first_results_window`, widened by the
+    rule of `outcome.next_results_window`); a running one, when
+    `progress_due` (the cycle's rate limiter), its log's last
+    PROGRESS_TAIL_LINES lines, and in exec mode the results file the driver
+    holds, if that log shows it holding one (`outcome.results_to_exec`).
+    """
+    step = route(job, pod, now, queue)
+    if step is Step.SCHEDULE:
+        return Needs(namespace_uid=True)
+    if step is Step.FINISHED and pod is not None:
+        return Needs(log=outcome.first_results_window(job, pod))
+    if step is Step.RUNNING and pod is not None and progress_due:
+        request = LogRequest(pod.name, podspec.MAIN_CONTAINER, PROGRESS_TAIL_LINES, "progress")
+        held = settings.results_source == "exec" and job.status.results is None
+        return Needs(log=request, held_results=held)
+    return Needs()
+
+
 def decide(
     job: JobView,
     pod: PodView | None,
@@ -279,94 +386,101 @@ def decide(
     log: LogView | None = None,
     *,
     queue: QueueSlot | None = None,
-    progress_due: bool = False,
     exec_view: ExecView | None = None,
     run_as_user: int | None = None,
 ) -> Decision:
     """The actions that move `job` toward what it asks and what its pod shows. Pure.
 
-    `queue` is set when the job waits for a free slot (max-running-jobs);
-    `progress_due` lets a running job's log be read for progress this cycle;
-    `exec_view` is what an exec'd `cat` of the results returned, when asked;
-    `run_as_user` the namespace's OpenShift UID (for a pod made now), if any.
+    Called once per job and cycle, with what `what_to_observe` asked for:
+    `log` the last window of the pod's log read, `exec_view` what an exec'd
+    `cat` of the held results returned, `run_as_user` the namespace's
+    OpenShift UID (for a pod made now), if any. `queue` is set when the job
+    waits for a free slot (max-running-jobs).
     """
-    if job.deleting:
+    step = route(job, pod, now, queue)
+    if step is Step.NOTHING:
         return Decision()
-    state = job.status.state
-    if state == S.COMPLETE:
+    if step is Step.RETENTION:
         return _retention(job, settings, now)
-    if job.problem is not None:
+    if step is Step.UNREADABLE:
         message = f"the poller cannot read this LMEvalJob: {job.problem}"
         return decide_failure(job, now, message, cause="UnreadableJob")
-    if pod is not None:
-        trust, why = judge_pod(job, pod)
-        if trust is PodTrust.FOREIGN:
-            # Never read, archive or delete a pod the poller did not make.
-            return decide_failure(job, now, foreign_pod_message(pod, why), cause="ForeignPod")
-        if trust is PodTrust.ADOPT:
-            return _adopt(job, pod, now)
-    if job.cancel_requested:
+    if step is Step.CANCEL:
         return _stop(job, pod, settings, now, R.CANCELLED, "cancelled: spec.cancel is true")
-    if job.suspend_requested:
+    if step is Step.SUSPEND:
         return _suspend(job, pod, settings, now)
-    if state == S.SUSPENDED:
-        if pod is not None:
-            return Decision()  # the old pod is still going away; resume after
+    if step is Step.SCHEDULE:
         return _schedule(job, settings, now, run_as_user)
-    if (overdue := _deadline_exceeded(job, now)) is not None:
+    if step is Step.OVERDUE:
+        overdue = _deadline_exceeded(job, now) or ""
         return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")
-    if pod is None:
-        if state in (None, S.NEW):
-            if queue is not None:
-                return _queued(job, queue, now)
-            return _schedule(job, settings, now, run_as_user)
+    if step is Step.QUEUED and queue is not None:
+        return _queued(job, queue, now)
+    if pod is None:  # Step.POD_VANISHED
         pod_name = job.status.pod_name or "the job pod"
         return decide_failure(
             job, now, f"pod {pod_name} was deleted before the evaluation finished"
         )
-    if pod.phase == "Failed" and pod.reason == "Evicted":
+    return _decide_with_pod(step, job, pod, settings, now, log, exec_view)
+
+
+def _decide_with_pod(
+    step: Step,
+    job: JobView,
+    pod: PodView,
+    settings: Settings,
+    now: dt.datetime,
+    log: LogView | None,
+    exec_view: ExecView | None,
+) -> Decision:
+    """`decide` for the steps that have a pod."""
+    if step is Step.FOREIGN_POD:
+        # Never read, archive or delete a pod the poller did not make.
+        why = judge_pod(job, pod)[1]
+        return decide_failure(job, now, foreign_pod_message(pod, why), cause="ForeignPod")
+    if step is Step.ADOPT_POD:
+        return _adopt(job, pod, now)
+    if step is Step.EVICTED:
         message = f"pod {pod.name} was evicted: {pod.message or 'no message'}"
         return _stop(job, pod, settings, now, R.FAILED, message, cause="Evicted")
-    if pod.main.state == "terminated":
+    if step is Step.FINISHED:
         return outcome.complete(job, pod, settings, now, log)
-    if pod.phase in ("Failed", "Succeeded"):
+    if step is Step.ENDED_EARLY:
         # Ended without the main container ever running (e.g. the driver's
         # init container failed): nothing will change any more.
         detail = ": ".join(part for part in (pod.reason, pod.message) if part)
         message = f"pod {pod.name} ended ({pod.phase}) before the evaluation ran"
-        return _stop(
-            job,
-            pod,
-            settings,
-            now,
-            R.FAILED,
-            f"{message}: {detail}" if detail else message,
-            cause="PodFailed",
-        )
-    if pod.deleting:
+        message = f"{message}: {detail}" if detail else message
+        return _stop(job, pod, settings, now, R.FAILED, message, cause="PodFailed")
+    if step is Step.POD_DELETING:
         message = f"pod {pod.name} was deleted before the evaluation finished"
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodDeleted")
-
     draft = StatusDraft(job, now)
-    if pod.main.state != "running":
+    if step is Step.STARTING:
         stuck = _pending(job, pod, settings, now, draft)
         return stuck if stuck is not None else Decision(draft.actions())
-    if log is None and progress_due:
-        return Decision(
-            [ReadLog(pod.name, podspec.MAIN_CONTAINER, PROGRESS_TAIL_LINES, purpose="progress")]
-        )
+    return _running(job, pod, settings, now, log, exec_view, draft)
+
+
+def _running(
+    job: JobView,
+    pod: PodView,
+    settings: Settings,
+    now: dt.datetime,
+    log: LogView | None,
+    exec_view: ExecView | None,
+    draft: StatusDraft,
+) -> Decision:
+    """The main container runs: Running, its progress when the log was read, and in
+    exec mode the results the driver holds and the release of its hold."""
     if draft.fields.get("state") != S.RUNNING.value:
         draft.state(S.RUNNING, R.NO_REASON, "evaluation running")
     draft.condition(C.RUNNING, True, "ContainerRunning", "the evaluation container runs")
-    before: list[Action] = []
-    if log is not None:
-        if log.decoded.last_progress:
-            draft.progress(log.decoded.last_progress)
-        held = outcome.holding(job, pod, settings, log, exec_view, draft)
-        if held and isinstance(held[0], ExecResults):
-            return Decision(held)
-        before = [a for a in held or [] if isinstance(a, StoreResults)]
-        return Decision(
-            [*draft.actions(before=before), *[a for a in held or [] if isinstance(a, ReleaseHold)]]
-        )
-    return Decision(draft.actions())
+    if log is None:
+        return Decision(draft.actions())
+    if log.decoded.last_progress:
+        draft.progress(log.decoded.last_progress)
+    held = outcome.holding(job, pod, settings, log, exec_view, draft) or []
+    before: list[Action] = [a for a in held if isinstance(a, StoreResults)]
+    releases = [a for a in held if isinstance(a, ReleaseHold)]
+    return Decision([*draft.actions(before=before), *releases])

@@ -1,9 +1,13 @@
-"""Typed views of what a cycle observed, and the actions it may take.
+"""Typed views of what a cycle observed, what it must observe, and the actions it may take.
 
-The API layer turns raw API objects into these small frozen views; the
-decision function reads only them and returns actions; the actuator carries
-the actions out. Nothing here imports `kubernetes` or does I/O, which is what
-lets every transition be a table-driven unit test.
+The API layer turns raw API objects into these small frozen views; what a
+job's decision needs beyond them (`Needs`: a log window, the results file
+the driver holds, the namespace's UID range) is named here too, and read
+before deciding; the decision function reads only views and returns
+actions; the actuator carries the actions out. Actions are only actions:
+nothing in `Action` asks for more data. Nothing here imports `kubernetes`
+or does I/O, which is what lets every transition be a table-driven unit
+test.
 
 `JobObject` and `PodObject` name the parts of an API object that the views
 read. LISTs are parsed into exactly that shape (`poller.kube`), so the bulk
@@ -32,18 +36,19 @@ __all__ = [
     "CreatePod",
     "DeleteJob",
     "DeletePod",
-    "ExecResults",
+    "ExecRequest",
     "ExecView",
     "JobObject",
     "JobView",
+    "LogRequest",
     "LogView",
+    "Needs",
     "PatchStatus",
     "PodObject",
     "PodView",
     "PostEvent",
     "ProofCheck",
     "QueueSlot",
-    "ReadLog",
     "ReleaseHold",
     "StoreResults",
 ]
@@ -183,7 +188,6 @@ class JobView:
             status=api.LMEvalJobStatus.model_validate(status),
             scores=results.parse_scores(text) if isinstance(text, str) else (),
         )
-
 
     @classmethod
     def unreadable(cls, obj: dict[str, Any], error: Exception) -> JobView:
@@ -353,6 +357,42 @@ class LogView:
 
 
 @dataclass(frozen=True)
+class LogRequest:
+    """A window of the main container's log (its last `tail_lines` lines)."""
+
+    pod: str
+    container: str
+    tail_lines: int
+    # "results" for a finished container, "progress" for a running one (the
+    # latter is rate-limited by the cycle).
+    purpose: str = "results"
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """exec `cat` of the results file in the container the driver holds."""
+
+    pod: str
+    container: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one job's decision needs besides its listed object and pod
+    (`poller.decide.what_to_observe`), read before `decide` runs (`poller.observe`)."""
+
+    namespace_uid: bool = False  # its OpenShift UID range: a pod is about to be made
+    log: LogRequest | None = None  # the log window to read first
+    held_results: bool = False  # exec mode: cat the results file the log shows held
+
+    @property
+    def any(self) -> bool:
+        """Whether anything must be read before deciding."""
+        return self.namespace_uid or self.log is not None
+
+
+@dataclass(frozen=True)
 class CreatePod:
     """Create the job pod; the actuator stamps the proof of origin for `attempt` on it."""
 
@@ -369,18 +409,6 @@ class PatchStatus:
 
 
 @dataclass(frozen=True)
-class ReadLog:
-    """Read the main container's log tail, then decide again with it."""
-
-    pod: str
-    container: str
-    tail_lines: int
-    # "results" for a finished container, "progress" for a running one (the
-    # latter is rate-limited by the cycle).
-    purpose: str = "results"
-
-
-@dataclass(frozen=True)
 class StoreResults:
     """Create or replace the job's results ConfigMap."""
 
@@ -394,15 +422,6 @@ class ArchiveLog:
     pod: str
     container: str
     max_bytes: int
-
-
-@dataclass(frozen=True)
-class ExecResults:
-    """exec `cat` of the results file in the held container, then decide again."""
-
-    pod: str
-    container: str
-    path: str
 
 
 @dataclass(frozen=True)
@@ -442,13 +461,11 @@ class PostEvent:
 Action = (
     CreatePod
     | PatchStatus
-    | ReadLog
     | StoreResults
     | PostEvent
     | ArchiveLog
     | DeletePod
     | DeleteJob
-    | ExecResults
     | ReleaseHold
 )
 
@@ -458,11 +475,3 @@ class Decision:
     """What to do for one job, in order."""
 
     actions: list[Action] = field(default_factory=list)
-
-    @property
-    def needs_log(self) -> ReadLog | None:
-        return next((a for a in self.actions if isinstance(a, ReadLog)), None)
-
-    @property
-    def needs_exec(self) -> ExecResults | None:
-        return next((a for a in self.actions if isinstance(a, ExecResults)), None)

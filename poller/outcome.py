@@ -1,12 +1,15 @@
 """How a finished evaluation's outcome is read: the log window, the results, exec.
 
 When the main container has terminated (or, in exec mode, the driver holds
-it after reporting), `decide` hands over to this part: which window of the
-pod log to read and when to read a wider one, what the driver's final
-marker and the container's termination state say, which results count and
-where they go. Everything it reads was written by whoever controls the job,
-so the log comes decoded and bounded (`driver.decoder`), and what could not
-be read is said in the message, never guessed. Pure, like `decide`.
+it after reporting), `decide` hands over to this part: what the driver's
+final marker and the container's termination state say, which results count
+and where they go. Before that, the cycle reads what this part says must be
+read (`poller.observe`): which window of the pod log first, when a wider or
+narrower one (`next_results_window`, the rule below), and in exec mode the
+results file the driver holds (`results_to_exec`). Everything it reads was
+written by whoever controls the job, so the log comes decoded and bounded
+(`driver.decoder`), and what could not be read is said in the message,
+never guessed. Pure, like `decide`.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from poller.draft import StatusDraft
 from poller.model import (
     Action,
     Decision,
-    ExecResults,
+    ExecRequest,
     ExecView,
     JobView,
+    LogRequest,
     LogView,
     PodView,
-    ReadLog,
     ReleaseHold,
     StoreResults,
 )
@@ -33,19 +36,40 @@ from poller.settings import Settings
 
 __all__ = [
     "FIRST_TAIL_LINES",
+    "MAX_RESULTS_READS",
     "MAX_TAIL_LINES",
     "RESULTS_TAIL_LINES",
     "RUNTIME_LINE_BYTES",
     "TASKS_IN_MESSAGE",
+    "WIDENING",
+    "WIDENINGS",
     "complete",
+    "first_results_window",
     "holding",
+    "next_results_window",
+    "results_read_while_held",
+    "results_to_exec",
     "termination_message",
 ]
 
+# How much of a finished container's log is read, in one cycle, before
+# `decide` runs (the rule is `next_results_window`):
+#   1. the last FIRST_TAIL_LINES lines;
+#   2. if the container exited 0 and they hold no results:
+#      - a window that bytes cut (more bytes than a read may take) is read
+#        again once, narrower: the last RESULTS_TAIL_LINES lines;
+#      - a full window that bytes did not cut may have begun inside the
+#        results: the next is WIDENING times wider, at most WIDENINGS times,
+#        so the widest is MAX_TAIL_LINES = FIRST_TAIL_LINES * WIDENING**WIDENINGS;
+#   3. else stop: `decide` concludes from the last window read.
+# So no log is read more than MAX_RESULTS_READS times in a cycle.
 # Results markers are ~32 KiB lines; a toy run's whole log is a few hundred
 # lines. Start small and enlarge only when the decoder says the log was cut.
 FIRST_TAIL_LINES = 400
-MAX_TAIL_LINES = 25_600
+WIDENING = 4
+WIDENINGS = 3
+MAX_TAIL_LINES = FIRST_TAIL_LINES * WIDENING**WIDENINGS  # 25,600
+MAX_RESULTS_READS = 1 + WIDENINGS
 # Windows count the lines of the runtime's log file, where a line longer than
 # 16 KiB is split into pieces of 16 KiB (containerd, CRI-O): the kubelet's
 # (and kwok's) tailLines counts the pieces, so a results marker is 3 lines.
@@ -84,21 +108,42 @@ def termination_message(pod: PodView) -> str:
     return f"{text}: {detail}" if detail else text
 
 
+def results_read_while_held(job: JobView, pod: PodView) -> bool:
+    """The container exited 0 and its results were read (through exec or the
+    log) while the driver held it: the log need not be read again."""
+    return pod.main.exit_code == 0 and job.status.results is not None
+
+
+def first_results_window(job: JobView, pod: PodView) -> LogRequest | None:
+    """The log window to read for a terminated container's outcome, if any."""
+    if results_read_while_held(job, pod):
+        return None
+    return LogRequest(pod.name, podspec.MAIN_CONTAINER, FIRST_TAIL_LINES)
+
+
+def next_results_window(pod: PodView, log: LogView) -> int | None:
+    """The window of lines to read after `log` (see the rule above), or None: enough."""
+    if pod.main.exit_code != 0 or log.decoded.results is not None:
+        return None
+    return _results_window(log)
+
+
 def complete(
     job: JobView, pod: PodView, settings: Settings, now: dt.datetime, log: LogView | None
 ) -> Decision:
-    if pod.main.exit_code == 0 and job.status.results is not None:
-        # Read (through exec or the log) while the driver held the container.
+    """The outcome of a terminated container, from the last log window read.
+
+    `log` may be None only when `first_results_window` asked for none
+    (results read while held); a log that could not be read is a `LogView`
+    saying so. Deciding without the log it needs is a bug in the caller.
+    """
+    if results_read_while_held(job, pod):
         draft = StatusDraft(job, now)
         draft.finish(R.SUCCEEDED, job.status.message or "evaluation finished")
         return Decision(draft.actions())
     if log is None:
-        return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, FIRST_TAIL_LINES)])
+        raise ValueError("a terminated container's outcome needs its log: see what_to_observe")
     decoded = log.decoded
-    if pod.main.exit_code == 0 and decoded.results is None:
-        retry = _results_window(log)
-        if retry is not None:
-            return Decision([ReadLog(pod.name, podspec.MAIN_CONTAINER, retry)])
 
     draft = StatusDraft(job, now)
     actions: list[Action] = []
@@ -141,16 +186,16 @@ def _results_window(log: LogView) -> int | None:
     Never wider after a read that bytes cut (the kubelet keeps a window's
     head, so a wider one would be cut sooner): the narrow results window
     instead, once, from the first window. A full window that bytes did not
-    cut may have started inside the results: four times wider, up to
+    cut may have started inside the results: WIDENING times wider, up to
     MAX_TAIL_LINES, but never after the narrow window. Every path ends
-    within the cycle's MAX_LOG_ROUNDS reads (400, 1600, 6400, 25600).
+    within MAX_RESULTS_READS reads (400, 1600, 6400, 25600).
     """
     if log.cut_at is not None:
         narrower = log.tail_lines == FIRST_TAIL_LINES
         return RESULTS_TAIL_LINES if narrower else None
     window_full = log.lines_read >= log.tail_lines and log.tail_lines < MAX_TAIL_LINES
     if window_full and log.tail_lines != RESULTS_TAIL_LINES:
-        return log.tail_lines * 4
+        return log.tail_lines * WIDENING
     return None
 
 
@@ -195,6 +240,19 @@ def _store_results(
     return StoreResults(manifest)
 
 
+def results_to_exec(
+    job: JobView, pod: PodView, settings: Settings, log: LogView
+) -> ExecRequest | None:
+    """Exec mode: the results file to cat, when `log` shows the driver holding it
+    after completing and the job has no results yet."""
+    outcome = log.decoded.outcome
+    if settings.results_source != "exec" or outcome is None or not outcome.results_path:
+        return None
+    if outcome.event != protocol.EVENT_COMPLETED or job.status.results is not None:
+        return None
+    return ExecRequest(pod.name, podspec.MAIN_CONTAINER, outcome.results_path)
+
+
 def holding(
     job: JobView,
     pod: PodView,
@@ -203,15 +261,14 @@ def holding(
     exec_view: ExecView | None,
     draft: StatusDraft,
 ) -> list[Action] | None:
-    """Exec mode: the driver reported and holds its container. Read the results
-    by exec (falling back to the log), then release the hold. None: not holding."""
+    """Exec mode: the driver reported and holds its container. Store the results
+    read by exec (`results_to_exec`; else from the log), then release the hold.
+    None: not holding."""
     outcome = log.decoded.outcome
     if settings.results_source != "exec" or outcome is None:
         return None
     actions: list[Action] = []
     if outcome.event == protocol.EVENT_COMPLETED and job.status.results is None:
-        if exec_view is None and outcome.results_path:
-            return [ExecResults(pod.name, podspec.MAIN_CONTAINER, outcome.results_path)]
         found: dict[str, object] | None = None
         if exec_view is not None and exec_view.text:
             try:

@@ -9,9 +9,9 @@ kubelet (``limitBytes``) and enforced again while reading
 only to the decoder (`driver.decoder`), which never raises. What a read
 could not get is said in the view handed to `decide`, never guessed.
 
-`PodReads` carries out the read actions of a decision (`ReadLog`,
-`ArchiveLog`, `ExecResults`, `ReleaseHold`) for `poller.cycle`, through
-`Kube`.
+`PodReads` makes the reads a decision needs (`LogRequest`, `ExecRequest`,
+for `poller.observe`) and carries out the actions that read or exec in a
+pod (`ArchiveLog`, `ReleaseHold`, for `poller.act`), through `Kube`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ from driver.decoder import decode_bytes
 from driver.protocol import MAX_RESULTS_BYTES
 from poller import podspec, results
 from poller.kube import ApiError, Kube, LogTail, NotFound, NotOwned
-from poller.model import ArchiveLog, ExecResults, ExecView, JobView, LogView, ReadLog, ReleaseHold
+from poller.model import (
+    ArchiveLog,
+    ExecRequest,
+    ExecView,
+    JobView,
+    LogRequest,
+    LogView,
+    ReleaseHold,
+)
 from poller.transport import ExecOutputTooLarge
 
 __all__ = [
@@ -56,12 +64,12 @@ EXEC_RESULTS_MAX_BYTES = MAX_RESULTS_BYTES
 
 
 class PodReads:
-    """The read actions of a decision, for one cycle's jobs (thread-safe: no state)."""
+    """Reads of job pods, for one cycle's jobs (thread-safe: no state)."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
-    def exec_results(self, job: JobView, action: ExecResults) -> ExecView:
+    def exec_results(self, job: JobView, action: ExecRequest) -> ExecView:
         """cat the results file in the held container; errors make an empty view."""
         try:
             code, out, err = self.kube.exec_in_pod(
@@ -106,7 +114,7 @@ class PodReads:
         except NotOwned as error:  # someone else's ConfigMap under that name: never touched
             log.warning("log of %s/%s not archived: %s", job.namespace, job.name, error)
         except ApiError as error:
-            if error.retry_later:
+            if error.transient:
                 raise  # transient: archive (and delete) next cycle
             # Refused for good (with large results, the ConfigMap would pass
             # its size limit): the pod's deletion must not wait on it forever.
@@ -130,7 +138,7 @@ class PodReads:
             )
         return kept
 
-    def read_log(self, job: JobView, request: ReadLog) -> LogView:
+    def read_log(self, job: JobView, request: LogRequest) -> LogView:
         limit = LOG_READ_BYTES.get(request.purpose, LOG_READ_PROGRESS_BYTES)
         try:
             read = self.kube.read_log_tail(
@@ -139,7 +147,7 @@ class PodReads:
         except NotFound as error:
             return LogView(decode_bytes(b""), request.tail_lines, unavailable=str(error))
         except ApiError as error:
-            if error.retry_later:
+            if error.transient:
                 raise  # transient: read again next cycle
             # The log is gone for good (node lost, pod evicted, ...): decide without it.
             return LogView(decode_bytes(b""), request.tail_lines, unavailable=error.message)

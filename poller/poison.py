@@ -55,9 +55,9 @@ def classify(error: BaseException) -> str:
     if isinstance(error, Conflict):
         return "waiting"
     if isinstance(error, ApiError):
-        if error.status == 429:
+        if error.status == 429:  # transient too, but asks us to slow down: not counted
             return "waiting"
-        return "transient" if error.status >= 500 else "poison"
+        return "transient" if error.transient else "poison"
     if isinstance(error, urllib3.exceptions.HTTPError | TimeoutError | socket.timeout):
         return "transient"
     if isinstance(error, ConnectionError):

@@ -183,7 +183,7 @@ def _snapshot(kube: Kube, job: JobView, source: _Source) -> str | None:
         if kube.create_configmap(manifest):
             return None
     except ApiError as error:
-        if error.retry_later:
+        if error.transient:
             raise  # transient: the next cycle tries again
         return f"{source.where}: the snapshot of ConfigMap {source.name} was refused: {error}"
     existing = kube.read_configmap(job.namespace, name)

@@ -14,11 +14,10 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from poller import api
+from poller import api, apierrors
 
 __all__ = [
     "API_NOT_FOUND",
@@ -79,32 +78,40 @@ def parse_status(raw: bytes | str) -> dict[str, Any]:
     return body if isinstance(body, dict) else {"message": text.strip()}
 
 
-@dataclass
-class ApiError(Exception):
-    """A non-2xx answer, with what we asked for (verb, resource, where)."""
+class ApiError(apierrors.ApiError):
+    """A non-2xx answer, with what we asked for (verb, resource, where).
 
-    status: int
-    body: dict[str, Any]
-    verb: str
-    resource: str
-    group: str = ""
-    namespace: str | None = None
-    name: str | None = None
+    `status_body` is the apiserver's Status body, parsed (`parse_status`).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        body: dict[str, Any],
+        verb: str,
+        resource: str,
+        group: str = "",
+        namespace: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(status, str(body.get("reason") or ""), json.dumps(body))
+        self.status_body = body
+        self.verb = verb
+        self.resource = resource
+        self.group = group
+        self.namespace = namespace
+        self.name = name
 
     def __str__(self) -> str:
         return f"{self.status} {self.reason}: {self.message}"
 
     @property
     def message(self) -> str:
-        return str(self.body.get("message") or "").strip()
-
-    @property
-    def reason(self) -> str:
-        return str(self.body.get("reason") or "")
+        return str(self.status_body.get("message") or "").strip()
 
     @property
     def details(self) -> dict[str, Any]:
-        details = self.body.get("details")
+        details = self.status_body.get("details")
         return details if isinstance(details, dict) else {}
 
 

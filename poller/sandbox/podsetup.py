@@ -36,6 +36,7 @@ from typing import Any
 
 from kubernetes import client
 
+from poller import apierrors
 from poller.rawapi import send
 from poller.sandbox.localproc import Container, LocalPod
 from poller.sandbox.podfs import (
@@ -55,13 +56,14 @@ REQUEST_TIMEOUT = 15.0
 # -- the raw API ---------------------------------------------------------------------
 
 
-class ApiError(Exception):
-    """The API server answered with a status outside 2xx."""
+class ApiError(apierrors.ApiError):
+    """The API server answered the sandbox with a status outside 2xx."""
 
     def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
+        super().__init__(status, "", body)
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status}: {self.body[:500]}"
 
 
 class JsonApi:

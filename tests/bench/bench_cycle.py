@@ -84,8 +84,9 @@ sys.path.append(str(REPO_ROOT))
 from driver import protocol  # noqa: E402
 from poller import api, podspec  # noqa: E402
 from poller.crd import CRD_PATH  # noqa: E402
-from poller.cycle import MANAGED_SELECTOR, Poller  # noqa: E402
+from poller.cycle import Poller  # noqa: E402
 from poller.kube import PAGE_SIZE, Kube  # noqa: E402
+from poller.observe import MANAGED_SELECTOR  # noqa: E402
 from poller.sandbox import kwok  # noqa: E402
 from poller.sandbox.components import free_port  # noqa: E402
 from poller.sandbox.controlplane import ControlPlane  # noqa: E402

@@ -29,15 +29,16 @@ from poller.model import (
     CreatePod,
     DeleteJob,
     DeletePod,
-    ExecResults,
+    ExecRequest,
     ExecView,
     JobView,
+    LogRequest,
     LogView,
+    Needs,
     PatchStatus,
     PodView,
     PostEvent,
     QueueSlot,
-    ReadLog,
     ReleaseHold,
     StoreResults,
 )
@@ -225,8 +226,10 @@ def test_a_pod_the_poller_did_not_make_fails_the_job_and_is_left_alone(
 
 
 def test_terminated_container_asks_for_the_log_first() -> None:
-    decision = decide.decide(job(running_status()), pod("terminated", exit_code=0), SETTINGS, NOW)
-    assert decision.actions == [ReadLog("eval-abc123", "lmeval", outcome.FIRST_TAIL_LINES)]
+    needs = decide.what_to_observe(
+        job(running_status()), pod("terminated", exit_code=0), SETTINGS, NOW
+    )
+    assert needs == Needs(log=LogRequest("eval-abc123", "lmeval", outcome.FIRST_TAIL_LINES))
 
 
 def test_success_stores_results_before_the_status() -> None:
@@ -314,10 +317,8 @@ def test_cut_log_asks_for_a_longer_tail() -> None:
     assert len(chunks) > 1
     cut = [*chunks[1:], encode_marker("completed", run_id="r", exit_code=0)]
     finished = pod("terminated", exit_code=0)
-    decision = decide.decide(
-        job(running_status()), finished, SETTINGS, NOW, log_view(cut, tail=len(cut))
-    )
-    assert decision.actions == [ReadLog("eval-abc123", "lmeval", 4 * len(cut))]
+    window = outcome.next_results_window(finished, log_view(cut, tail=len(cut)))
+    assert window == 4 * len(cut)
     # The whole log was read (fewer lines than asked): no point in asking again.
     whole = decide.decide(job(running_status()), finished, SETTINGS, NOW, log_view(cut, tail=400))
     assert "log starts after" in (status_of(whole).message or "")
@@ -478,8 +479,9 @@ def test_progress_read_is_requested_only_when_due() -> None:
     settled = status_of(decide.decide(job(running_status()), pod(), SETTINGS, NOW))
     running = job(settled.model_dump(by_alias=True, exclude_none=True, mode="json"))
     assert decide.decide(running, pod(), SETTINGS, NOW).actions == []
-    asked = decide.decide(running, pod(), SETTINGS, NOW, progress_due=True).actions
-    assert asked == [ReadLog("eval-abc123", "lmeval", decide.PROGRESS_TAIL_LINES, "progress")]
+    assert decide.what_to_observe(running, pod(), SETTINGS, NOW) == Needs()
+    asked = decide.what_to_observe(running, pod(), SETTINGS, NOW, progress_due=True).log
+    assert asked == LogRequest("eval-abc123", "lmeval", decide.PROGRESS_TAIL_LINES, "progress")
     marker = encode_marker("progress", phase="loglikelihood", percent=40.0, n=4, total=10)
     status = status_of(decide.decide(running, pod(), SETTINGS, NOW, log_view([marker])))
     assert status.progress is not None and status.progress.percent == 40.0
@@ -498,8 +500,10 @@ def test_exec_mode_reads_results_by_exec_then_releases_the_hold() -> None:
     exec_settings = Settings(**{"results-source": "exec"})
     held = log_view(completed_log())
     running = job(running_status())
-    first = decide.decide(running, pod(), exec_settings, NOW, held)
-    assert first.actions == [ExecResults("eval-abc123", "lmeval", "/x")]
+    needs = decide.what_to_observe(running, pod(), exec_settings, NOW, progress_due=True)
+    assert needs.held_results
+    first = outcome.results_to_exec(running, pod(), exec_settings, held)
+    assert first == ExecRequest("eval-abc123", "lmeval", "/x")
     done = decide.decide(
         running, pod(), exec_settings, NOW, held, exec_view=ExecView(json.dumps(RESULTS))
     )

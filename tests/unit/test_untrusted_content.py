@@ -3,7 +3,7 @@
 Checks, without a cluster: the log windows `decide` asks for after a read
 that bytes cut (narrower once, never wider; a failure that says the window
 exceeded N bytes) and that every sequence of cut/full reads ends within the
-cycle's MAX_LOG_ROUNDS reads; exec'd results that are deep or junk fall back
+rule's MAX_RESULTS_READS reads; exec'd results that are deep or junk fall back
 to the log; progress markers with NaN, Infinity, huge or out-of-range numbers
 never reach a status, and every status drafted from them serialises as
 strict JSON; a job whose status.results is deeply nested, huge or junk still
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api, decide, outcome, results
-from poller.cycle import MAX_LOG_ROUNDS, Poller
+from poller.cycle import Poller
 from poller.draft import MAX_MESSAGE_CHARS, StatusDraft
 from poller.kube import ApiError, LogTail
 from poller.model import (
@@ -38,7 +38,6 @@ from poller.model import (
     ExecView,
     JobView,
     LogView,
-    ReadLog,
     StoreResults,
 )
 from poller.podreads import LOG_READ_RESULTS_BYTES
@@ -70,10 +69,8 @@ NO_RESULTS = [encode_marker("completed", run_id="r", exit_code=0, message="ok")]
 
 
 def test_a_cut_first_window_is_read_again_narrower() -> None:
-    first = decide.decide(
-        job(running_status()), FINISHED, SETTINGS, NOW, read(NO_RESULTS, 400, cut=True)
-    )
-    assert first.actions == [ReadLog("eval-abc123", "lmeval", outcome.RESULTS_TAIL_LINES)]
+    first = outcome.next_results_window(FINISHED, read(NO_RESULTS, 400, cut=True))
+    assert first == outcome.RESULTS_TAIL_LINES
     assert outcome.RESULTS_TAIL_LINES == 115
     assert outcome.RESULTS_TAIL_LINES * outcome.RUNTIME_LINE_BYTES <= LOG_READ_RESULTS_BYTES
 
@@ -110,14 +107,17 @@ def test_every_sequence_of_reads_ends_within_the_cycles_rounds(
 ) -> None:
     """Whatever each read turns out to be (cut or not, window full or not), as the cycle runs it."""
     current = job(running_status())
-    decision = decide.decide(current, FINISHED, SETTINGS, NOW)
+    request = decide.what_to_observe(current, FINISHED, SETTINGS, NOW).log
+    assert request is not None
+    window: int | None = request.tail_lines
     rounds = 0
-    while (request := decision.needs_log) is not None:
+    while window is not None:
         cut, full = reads[rounds]
         rounds += 1
-        assert rounds <= MAX_LOG_ROUNDS, "a decision asked for more reads than a cycle makes"
-        view = read(NO_RESULTS, request.tail_lines, cut=cut, full=full)
-        decision = decide.decide(current, FINISHED, SETTINGS, NOW, view)
+        assert rounds <= outcome.MAX_RESULTS_READS, "the rule asked for more reads than it states"
+        view = read(NO_RESULTS, window, cut=cut, full=full)
+        window = outcome.next_results_window(FINISHED, view)
+    decision = decide.decide(current, FINISHED, SETTINGS, NOW, view)
     assert status_of(decision).reason == api.JobReason.FAILED
 
 
@@ -166,7 +166,7 @@ def test_progress_numbers_that_are_not_finite_percentages_never_reach_status(
     value: str,
 ) -> None:
     view = LogView(decode_text(hostile_logs.nan_progress_log(value)), 60, lines_read=1)
-    decision = decide.decide(job(running_status()), pod(), SETTINGS, NOW, view, progress_due=True)
+    decision = decide.decide(job(running_status()), pod(), SETTINGS, NOW, view)
     status = status_of(decision)
     assert status.progress is not None
     assert status.progress.percent is None

@@ -1,0 +1,205 @@
+"""Acting: carrying out one job's decision through `Kube`.
+
+`decide` returns actions in the order they must happen (results and the
+archived log are stored before a pod may go, the status is written after
+what it reports); this module performs them, one job at a time per thread
+(`poller.cycle` runs several jobs at once). Reads and execs inside a pod
+are `poller.podreads`, status patches and events `poller.statuswrites`.
+
+Two things only the actuator can settle are settled here:
+
+* **making the pod**: custom tasks are checked and snapshotted
+  (`poller.tasksnapshot`), the manifest is stamped with the poller's proof
+  of origin (`poller.identity`), and a name already taken is either the
+  poller's own pod (adopted) or a squatter (the job fails, the pod is never
+  touched);
+* **refusals for good**: an API error that is not transient (admission,
+  quota, an invalid or too large object) would be refused again every
+  cycle, so the job fails or finishes saying why; a transient one
+  propagates and the next cycle tries again (`refused_for_good`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from poller import podspec, tasksnapshot
+from poller.api import JobState
+from poller.identity import PodProof
+from poller.kube import ApiError, Conflict, Kube, NotOwned
+from poller.model import (
+    ArchiveLog,
+    CreatePod,
+    Decision,
+    DeleteJob,
+    DeletePod,
+    JobView,
+    PatchStatus,
+    PodView,
+    PostEvent,
+    ReleaseHold,
+    StoreResults,
+)
+from poller.ownership import PodTrust, foreign_pod_message, judge_pod
+from poller.podreads import PodReads
+from poller.settings import Settings
+from poller.statuswrites import StatusWrites, with_outcome_of_actions
+
+__all__ = ["Actuator", "Tally", "refused_for_good"]
+
+log = logging.getLogger(__name__)
+
+
+class Tally(Protocol):
+    """Where acting counts what it did (the cycle's report; thread-safe)."""
+
+    def add(self, *, patches: int = 0, pods_created: int = 0) -> None: ...
+
+
+def refused_for_good(error: ApiError) -> str:
+    """The apiserver's words for a refusal that will not change.
+
+    A transient error (`ApiError.transient`) is raised again instead: the
+    same request may succeed next cycle.
+    """
+    if error.transient:
+        raise error
+    return error.message
+
+
+class Actuator:
+    """Carries out decisions (thread-safe: no state of its own)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        reads: PodReads,
+        writes: StatusWrites,
+        pod_proof: Callable[[], PodProof],
+    ) -> None:
+        self.kube = kube
+        self.reads = reads
+        self.writes = writes
+        # The pod-identity key, read once by the cycle (`Poller.pod_proof`).
+        self.pod_proof = pod_proof
+
+    def carry_out(
+        self,
+        job: JobView,
+        decision: Decision,
+        settings: Settings,
+        now: dt.datetime,
+        tally: Tally,
+    ) -> JobView:
+        """Perform `decision`'s actions in order; returns the job as it now stands."""
+        current = job
+        pod_uid: str | None = None
+        store_problem: str | None = None
+        for action in decision.actions:
+            if isinstance(action, CreatePod):
+                pod_uid = self._create_pod(job, action, settings, now, tally)
+                if pod_uid is None:
+                    return current
+            elif isinstance(action, StoreResults):
+                store_problem = self._store_results(action)
+            elif isinstance(action, ArchiveLog):
+                self.reads.archive_log(job, action)
+            elif isinstance(action, DeletePod):
+                self.kube.delete_pod(job.namespace, action.name)
+            elif isinstance(action, DeleteJob):
+                self.kube.delete_job(job.namespace, job.name)
+            elif isinstance(action, ReleaseHold):
+                self.reads.release(job, action)
+            elif isinstance(action, PatchStatus):
+                action = with_outcome_of_actions(action, pod_uid, store_problem)
+                if self.writes.patch(job, action):
+                    current = replace(job, status=action.status)
+                tally.add(patches=1)
+            elif isinstance(action, PostEvent):
+                self.writes.event(job, action, now)
+        return current
+
+    def end_failed(
+        self, job: JobView, pod: PodView | None, message: str, now: dt.datetime, tally: Tally
+    ) -> None:
+        """End `job` Failed with `message`, and stop its evaluation (raises if the
+        status cannot be written: the next cycle tries again)."""
+        if job.deleting or job.status.state == JobState.COMPLETE:
+            return  # nothing left to end: its TTL and deletion go on
+        log.error("ending LMEvalJob %s/%s: %s", job.namespace, job.name, message)
+        tally.add(patches=self.writes.end_failed(job, now, message))
+        if pod is not None and judge_pod(job, pod)[0] is not PodTrust.FOREIGN:
+            # A job that ended must not leave its evaluation running.
+            with contextlib.suppress(Exception):
+                self.kube.delete_pod(job.namespace, pod.name)
+
+    def _create_pod(
+        self,
+        job: JobView,
+        action: CreatePod,
+        settings: Settings,
+        now: dt.datetime,
+        tally: Tally,
+    ) -> str | None:
+        """Create the job pod (stamped with its proof of origin); its UID, or None
+        when the job could not get it (the job was failed, saying why)."""
+        # Custom tasks: checked for code and frozen into the job's snapshots.
+        problem = tasksnapshot.prepare_custom_tasks(self.kube, job, settings)
+        if problem is not None:
+            tally.add(patches=self.writes.fail(job, now, problem))
+            return None
+        manifest = self.pod_proof().stamp(action.manifest, job.uid, action.attempt)
+        try:
+            created = self.kube.create_pod(manifest)
+        except ApiError as error:
+            # Refused for good (admission, quota, invalid): the job cannot run.
+            message = f"the job pod was refused: {refused_for_good(error)}"
+            tally.add(patches=self.writes.fail(job, now, message))
+            return None
+        if created is not None:
+            tally.add(pods_created=1)
+            return created
+        return self._existing_pod(job, manifest["metadata"]["name"], now, tally)
+
+    def _existing_pod(self, job: JobView, name: str, now: dt.datetime, tally: Tally) -> str | None:
+        """The name was taken: adopt the pod if this poller made it, else fail the job.
+
+        Found by name whatever its labels: a squatter without the poller's
+        labels would never show in the cycle's LIST, and the job would try to
+        create its pod for ever.
+        """
+        found = self.kube.find_pod(job.namespace, name)
+        if found is None:
+            raise Conflict(f"pod {job.namespace}/{name} existed and is gone: retrying")
+        pod = PodView.from_object(found, podspec.MAIN_CONTAINER, self.pod_proof().attempt_of)
+        # The attempt being created is not recorded yet, which judge_pod reads as ADOPT.
+        trust, why = judge_pod(job, pod)
+        if trust is PodTrust.FOREIGN:
+            log.warning("pod %s/%s squats %s's pod name: %s", job.namespace, name, job.name, why)
+            message = foreign_pod_message(pod, why)
+            tally.add(patches=self.writes.fail(job, now, message, cause="ForeignPod"))
+            return None
+        log.info("adopting existing pod %s for %s/%s", name, job.namespace, job.name)
+        return pod.uid
+
+    def _store_results(self, action: StoreResults) -> str | None:
+        """Write the results ConfigMap; why it could not be, when that is for good.
+
+        A ConfigMap of that name that is not this job's (made by someone else)
+        is never overwritten, and one the apiserver refuses (too large,
+        immutable, ...) will be refused again: either way the results stay in
+        the job's status and the job finishes, saying what happened.
+        """
+        name = action.manifest["metadata"]["name"]
+        try:
+            self.kube.apply_configmap(action.manifest, merge=True)
+        except NotOwned as error:
+            return str(error)
+        except ApiError as error:
+            return f"ConfigMap {name} was refused: {refused_for_good(error)}"
+        return None

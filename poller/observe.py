@@ -1,0 +1,180 @@
+"""Observing: everything a cycle reads before it decides.
+
+A cycle decides for each job once, on complete observations (`poller.cycle`
+orchestrates; `poller.act` carries decisions out). What is read comes in two
+parts:
+
+* **the listing**: every LMEvalJob and every pod the poller manages, two
+  paged LISTs whatever the number of jobs, each page turned into views as
+  it arrives (raw objects never pile up). Each job is joined to the pod
+  under its deterministic pod name in its own namespace, whatever claims
+  other pods make (labels and ownerReferences can be copied by anyone who
+  may create pods); whether that pod really is the job's is judged by
+  `decide` from its proof of origin (`poller.ownership`).
+* **one job's needs**, as the pure `decide.what_to_observe` names them
+  (`Needs`): the namespace's OpenShift UID range for a pod about to be
+  made; a window of the pod's log, widened or narrowed by the stated rule
+  of `outcome.next_results_window` (never more than
+  `outcome.MAX_RESULTS_READS` reads); in exec mode the results file the
+  driver holds, when that log shows it holding one
+  (`outcome.results_to_exec`).
+
+Reads that cannot get their data say so in the view (`LogView.unavailable`,
+`ExecView` without text); only transient API errors propagate, so that the
+job is tried again next cycle (`poller.poison`).
+
+Between cycles the observer keeps each job's view keyed by the
+resourceVersion it was built from: a view is a pure function of the object,
+and the apiserver changes the resourceVersion with every change to it, so
+reusing the view of an unchanged job saves validating its status again and
+alters nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from poller import outcome, podspec
+from poller.kube import Kube
+from poller.model import (
+    ExecView,
+    JobView,
+    LogRequest,
+    LogView,
+    Needs,
+    PodView,
+    ProofCheck,
+    QueueSlot,
+)
+from poller.podreads import PodReads
+from poller.settings import Settings
+
+__all__ = ["MANAGED_SELECTOR", "OPENSHIFT_UID_RANGE", "Listing", "Observed", "Observer"]
+
+MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
+OPENSHIFT_UID_RANGE = "openshift.io/sa.scc.uid-range"
+
+
+@dataclass
+class Listing:
+    """What the cycle's LISTs returned, as views."""
+
+    jobs: list[JobView] = field(default_factory=list)
+    # Each job's pod (by job UID): the pod under the job's pod name, if any.
+    pods_by_job: dict[str, PodView] = field(default_factory=dict)
+    # How many objects were listed.
+    jobs_listed: int = 0
+    pods_listed: int = 0
+    # Listed jobs whose object could not be read as a job (metadata, error);
+    # their views are kept (`JobView.unreadable`), so they are ended or
+    # expire instead of being skipped for ever.
+    unreadable: list[tuple[dict[str, Any], Exception]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one job's decision reads: what `decide` takes, complete."""
+
+    job: JobView
+    pod: PodView | None
+    queue: QueueSlot | None = None
+    # The last window of the pod's log read, when the needs named one.
+    log: LogView | None = None
+    # What the exec'd `cat` of the held results returned, when it ran.
+    exec_view: ExecView | None = None
+    # The first UID of the namespace's OpenShift range, for a pod made now.
+    run_as_user: int | None = None
+
+
+class Observer:
+    """The cycle's reads (thread-safe for `gather`; `list_cluster` runs alone)."""
+
+    def __init__(self, kube: Kube, reads: PodReads, namespaces: Sequence[str] = ()) -> None:
+        self.kube = kube
+        self.reads = reads
+        self.namespaces = list(namespaces)
+        # The last cycle's view of every job by UID (see the module docstring).
+        self._views: dict[str, JobView] = {}
+
+    def list_cluster(self, attempt_of: ProofCheck) -> Listing:
+        """List jobs and pods (page by page) into views; each job's pod by job UID.
+
+        `attempt_of` checks a pod's proof of origin (`poller.identity`).
+        Raises only when a LIST itself fails.
+        """
+        listing = Listing()
+        by_name: dict[tuple[str, str], PodView] = {}
+        views: dict[str, JobView] = {}
+        scopes: list[str | None] = [*self.namespaces] or [None]
+        for namespace in scopes:
+            for obj in self.kube.list_jobs(namespace):
+                listing.jobs_listed += 1
+                try:
+                    job = self._job_view(obj)
+                except Exception as error:  # one bad object never stops the others
+                    listing.unreadable.append((obj.get("metadata") or {}, error))
+                    job = JobView.unreadable(obj, error)
+                listing.jobs.append(job)
+                views[job.uid] = job
+            for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace):
+                listing.pods_listed += 1
+                view = PodView.from_object(obj, podspec.MAIN_CONTAINER, attempt_of)
+                by_name[(view.namespace, view.name)] = view
+        self._views = views
+        for job in listing.jobs:
+            pod = by_name.get((job.namespace, podspec.pod_name(job.name, job.uid)))
+            if pod is not None:
+                listing.pods_by_job[job.uid] = pod
+        return listing
+
+    def _job_view(self, obj: dict[str, Any]) -> JobView:
+        meta = obj.get("metadata") or {}
+        known = self._views.get(meta.get("uid") or "")
+        version = meta.get("resourceVersion")
+        if known is not None and version and known.resource_version == version:
+            return known
+        return JobView.from_object(obj)
+
+    def gather(
+        self,
+        job: JobView,
+        pod: PodView | None,
+        settings: Settings,
+        needs: Needs,
+        queue: QueueSlot | None = None,
+    ) -> Observed:
+        """Read what `needs` names for `job`, in order: the namespace, the log, the exec."""
+        run_as_user = self._namespace_uid(job.namespace) if needs.namespace_uid else None
+        log_view: LogView | None = None
+        exec_view: ExecView | None = None
+        if needs.log is not None and pod is not None:
+            log_view = self._read_log(job, pod, needs.log)
+            if needs.held_results:
+                wanted = outcome.results_to_exec(job, pod, settings, log_view)
+                if wanted is not None:
+                    exec_view = self.reads.exec_results(job, wanted)
+        return Observed(job, pod, queue, log_view, exec_view, run_as_user)
+
+    def _namespace_uid(self, namespace: str) -> int | None:
+        """OpenShift: the first UID of the namespace's range, for a pod made now."""
+        annotations = self.kube.namespace_annotations(namespace)
+        return podspec.uid_range_start(annotations.get(OPENSHIFT_UID_RANGE))
+
+    def _read_log(self, job: JobView, pod: PodView, first: LogRequest) -> LogView:
+        """The window `first`; for results, then the next windows the rule names.
+
+        The rule (`outcome.next_results_window`) ends within
+        `outcome.MAX_RESULTS_READS` reads whatever each read returns; the
+        loop's bound only states it.
+        """
+        view = self.reads.read_log(job, first)
+        if first.purpose != "results":
+            return view
+        for _ in range(outcome.MAX_RESULTS_READS - 1):
+            window = outcome.next_results_window(pod, view)
+            if window is None:
+                break
+            view = self.reads.read_log(job, replace(first, tail_lines=window))
+        return view
