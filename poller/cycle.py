@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poller import decide as decisions
-from poller import poison
+from poller import poison, timefmt
 from poller.act import Actuator
 from poller.identity import PodProof, load_pod_proof
 from poller.kube import Kube
@@ -47,16 +47,12 @@ from poller.queue import plan_queue
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.statuswrites import StatusWrites
 
-__all__ = ["ACTION_WORKERS", "CycleReport", "Poller", "utc_now"]
+__all__ = ["ACTION_WORKERS", "CycleReport", "Poller"]
 
 log = logging.getLogger(__name__)
 
 # Jobs acting at once in a cycle (each one's own requests stay in order).
 ACTION_WORKERS = 4
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 @dataclass
@@ -104,7 +100,7 @@ class Poller:
         *,
         settings_namespace: str,
         namespaces: Sequence[str] = (),
-        clock: Callable[[], dt.datetime] = utc_now,
+        clock: Callable[[], dt.datetime] = timefmt.now,
         tracker: SettingsTracker | None = None,
         may_act: Callable[[], bool] = lambda: True,
         proof: PodProof | None = None,

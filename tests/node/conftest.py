@@ -16,6 +16,7 @@ import copy
 import json
 import os
 import re
+import subprocess
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -103,6 +104,23 @@ class NodeCluster:
         name = self.job_status(namespace, job).get("podName", "")
         return self.get("pod", name, namespace) if name else {}
 
+    def watch_pod(self, namespace: str, pod: str) -> PodWatch:
+        """Start recording every version of `pod` (``kubectl get -w``) until `stop`."""
+        assert self.plane.binaries is not None
+        argv = [
+            str(self.plane.binaries / "kubectl"),
+            f"--kubeconfig={self.plane.kubeconfig}",
+            "get",
+            "pod",
+            pod,
+            "-n",
+            namespace,
+            "-w",
+            "-o",
+            "json",
+        ]
+        return PodWatch(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
+
     def diagnostics(self, namespace: str) -> str:
         parts = [
             self.kubectl("get", "lmevaljobs,pods", "-n", namespace, "-o", "wide", check=False),
@@ -113,6 +131,25 @@ class NodeCluster:
             self.node.log_tail("kubelet", 15),
         ]
         return "\n".join(parts)
+
+
+class PodWatch:
+    """A running ``kubectl get pod -w -o json``; `stop` returns every version it saw."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.process.terminate()
+        out, _ = self.process.communicate(timeout=30)
+        decoder, versions, at = json.JSONDecoder(), [], 0
+        while True:
+            while at < len(out) and out[at].isspace():
+                at += 1
+            if at >= len(out):
+                return versions
+            version, at = decoder.raw_decode(out, at)
+            versions.append(version)
 
 
 def job_body(sample_name: str, name: str, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:

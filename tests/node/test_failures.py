@@ -19,6 +19,7 @@ import json
 
 import pytest
 
+from driver.protocol import EXIT_CANCELLED
 from tests.node.conftest import SUITE_PENDING, NodeCluster, job_body, served_job
 from tests.waiting import wait_for
 
@@ -51,21 +52,44 @@ def test_cancel_reaches_lm_eval_through_the_kubelet(
         timeout=60,
         what="lmeval container running",
     )
-    node_cluster.kubectl(
-        "-n",
-        job_namespace,
-        "patch",
-        "lmevaljob",
-        "cancelled",
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"cancel": True}}),
-    )
-    status = node_cluster.wait_final(job_namespace, "cancelled", timeout=120)
+    pod = node_cluster.job_status(job_namespace, "cancelled")["podName"]
+    # Every version of the pod until it is gone: the kubelet reports the
+    # container's end before the pod object disappears.
+    watch = node_cluster.watch_pod(job_namespace, pod)
+    try:
+        node_cluster.kubectl(
+            "-n",
+            job_namespace,
+            "patch",
+            "lmevaljob",
+            "cancelled",
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"cancel": True}}),
+        )
+        status = node_cluster.wait_final(job_namespace, "cancelled", timeout=120)
+        wait_for(
+            lambda: not node_cluster.get("pod", pod, job_namespace),
+            timeout=120,
+            what=f"pod {pod} gone",
+        )
+    finally:
+        versions = watch.stop()
     assert status["reason"] == "Cancelled", status.get("message")
     message = status.get("message", "")
     print(f"cancel: {message}")
     assert "cancel" in message.lower(), message
+    ended = [
+        c["state"]["terminated"]
+        for version in versions
+        for c in version.get("status", {}).get("containerStatuses", [])
+        if c["name"] == "lmeval" and "terminated" in c.get("state", {})
+    ]
+    assert ended, "the kubelet never reported the evaluation container's end"
+    print(f"cancel: lmeval container ended {ended[-1]}")
+    # The driver's own exit code for "stopped by SIGTERM" (not the kubelet's
+    # SIGKILL after the grace period, 137): SIGTERM reached lm_eval in time.
+    assert ended[-1]["exitCode"] == EXIT_CANCELLED, ended[-1]
 
 
 def test_memory_limit_ends_failed_with_oomkilled(
