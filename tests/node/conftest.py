@@ -142,13 +142,17 @@ class PodWatch:
     def stop(self) -> list[dict[str, Any]]:
         self.process.terminate()
         out, _ = self.process.communicate(timeout=30)
-        decoder, versions, at = json.JSONDecoder(), [], 0
+        decoder, at = json.JSONDecoder(), 0
+        versions: list[dict[str, Any]] = []
         while True:
             while at < len(out) and out[at].isspace():
                 at += 1
             if at >= len(out):
                 return versions
-            version, at = decoder.raw_decode(out, at)
+            try:
+                version, at = decoder.raw_decode(out, at)
+            except json.JSONDecodeError:
+                return versions  # the last one, cut short by `terminate`
             versions.append(version)
 
 

@@ -90,6 +90,10 @@ def test_cancel_reaches_lm_eval_through_the_kubelet(
     # The driver's own exit code for "stopped by SIGTERM" (not the kubelet's
     # SIGKILL after the grace period, 137): SIGTERM reached lm_eval in time.
     assert ended[-1]["exitCode"] == EXIT_CANCELLED, ended[-1]
+    # The driver's report, which the kubelet keeps as the termination message
+    # (the pod's FallbackToLogsOnError): lm_eval stopped by SIGTERM, not killed.
+    assert "cancelled by SIGTERM" in ended[-1].get("message", ""), ended[-1]
+    assert '"killed":false' in ended[-1]["message"], ended[-1]
 
 
 def test_memory_limit_ends_failed_with_oomkilled(
