@@ -116,7 +116,10 @@ class PollerMetrics:
         self._last_success: float | None = None
         self._last_duration = 0.0
         self._interval = 0.0
-        r = self.registry
+        self._define_cycle_metrics(self.registry)
+        self._define_api_and_job_metrics(self.registry)
+
+    def _define_cycle_metrics(self, r: CollectorRegistry) -> None:
         self.cycle_duration = Histogram(
             "lmeval_poll_cycle_duration_seconds",
             "Duration of poll cycles (settings read, LISTs, decisions and actions).",
@@ -150,6 +153,13 @@ class PollerMetrics:
             "Keys of the settings ConfigMap currently ignored as invalid or unknown.",
             registry=r,
         )
+        # Known label values start at zero, so rate() and alerts see them from the start.
+        for outcome in ("success", "failure", "skipped"):
+            self.cycles.labels(outcome)
+        for scope in ("cycle", "job"):
+            self.errors.labels(scope)
+
+    def _define_api_and_job_metrics(self, r: CollectorRegistry) -> None:
         self.kube_requests = Counter(
             "lmeval_kube_requests",
             "Kubernetes API requests by verb, resource and HTTP status code "
@@ -172,11 +182,6 @@ class PollerMetrics:
         )
         self.jobs = JobCollector()
         r.register(self.jobs)
-        # Known label values start at zero, so rate() and alerts see them from the start.
-        for outcome in ("success", "failure", "skipped"):
-            self.cycles.labels(outcome)
-        for scope in ("cycle", "job"):
-            self.errors.labels(scope)
         for reason in REASONS[1:]:
             self.job_duration.labels(reason)
         self.leader.set(1)

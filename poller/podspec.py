@@ -276,18 +276,45 @@ def build_pod(
 
     Raises JobPodError when the spec asks for something the settings forbid.
     """
-    use_copied_driver = bool(settings.driver_image)
-    # The complete output outlives the pod on the claim, beside the results.
-    keeps_log = bool(spec.outputs and spec.outputs.pvc_name)
-    command = protocol.run_argv(
-        driver_command(settings),
-        ["python", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
-        output_root=OUTPUT_ROOT,
-        grace_period=DRIVER_GRACE_SECONDS,
-        hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
-        log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
-    )
+    volumes, mounts = _job_volumes(name, uid, spec)
+    init_containers: list[dict[str, Any]] = []
+    if settings.driver_image:
+        volumes.append({"name": "driver", "emptyDir": {}})
+        mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
+        init_containers.append(_driver_init_container(settings))
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": settings.job_service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": _pod_security_context(run_as_user),
+        "containers": [_main_container(name, uid, spec, settings, mounts), *_sidecars(spec)],
+        "volumes": volumes,
+    }
+    for sidecar in (spec.pod.sidecars if spec.pod else None) or []:
+        volumes.append({"name": f"{sidecar.name}-tmp", "emptyDir": {}})
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    if spec.pod and spec.pod.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.pod.node_selector)
+    if spec.pod and spec.pod.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in spec.pod.tolerations
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _pod_metadata(name, namespace, uid, spec),
+        "spec": pod_spec,
+    }
 
+
+def _job_volumes(
+    name: str, uid: str, spec: api.LMEvalJobSpec
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The evaluation's volumes and their mounts: the writable emptyDirs (or the
+    outputs claim), secrets as files, and the job's task snapshots."""
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "hf-home", "emptyDir": {}},
@@ -308,7 +335,6 @@ def build_pod(
             volume["items"] = [{"key": i.key, "path": i.path} for i in secret.secret_ref.items]
         volumes.append({"name": f"secret-{index}", "secret": volume})
         mounts.append({"name": f"secret-{index}", "mountPath": secret.mount_path, "readOnly": True})
-
     for source in spec.custom_tasks or []:
         # The pod mounts the job's immutable snapshot of the ConfigMap (made by
         # the poller just before the pod, see poller/tasksnapshot.py), at the
@@ -323,32 +349,49 @@ def build_pod(
                 "readOnly": True,
             }
         )
+    return volumes, mounts
 
-    init_containers: list[dict[str, Any]] = []
-    if use_copied_driver:
-        volumes.append({"name": "driver", "emptyDir": {}})
-        mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
-        init_containers.append(
-            {
-                "name": "install-driver",
-                "image": settings.driver_image,
-                "imagePullPolicy": settings.image_pull_policy,
-                "command": ["cp", "-R", DRIVER_IMAGE_SOURCE, f"{DRIVER_MOUNT}/"],
-                "securityContext": _security_context(),
-                "volumeMounts": [{"name": "driver", "mountPath": DRIVER_MOUNT}],
-                "resources": {
-                    "requests": {"cpu": "10m", "memory": "16Mi"},
-                    "limits": {"memory": "64Mi"},
-                },
-            }
-        )
 
+def _driver_init_container(settings: Settings) -> dict[str, Any]:
+    """Copies the driver from the driver image into the pod (setting driver-image)."""
+    return {
+        "name": "install-driver",
+        "image": settings.driver_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["cp", "-R", DRIVER_IMAGE_SOURCE, f"{DRIVER_MOUNT}/"],
+        "securityContext": _security_context(),
+        "volumeMounts": [{"name": "driver", "mountPath": DRIVER_MOUNT}],
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"memory": "64Mi"},
+        },
+    }
+
+
+def _main_container(
+    name: str,
+    uid: str,
+    spec: api.LMEvalJobSpec,
+    settings: Settings,
+    mounts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The evaluation container: the driver running lm_eval."""
+    # The complete output outlives the pod on the claim, beside the results.
+    keeps_log = bool(spec.outputs and spec.outputs.pvc_name)
+    command = protocol.run_argv(
+        driver_command(settings),
+        ["python", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
+        output_root=OUTPUT_ROOT,
+        grace_period=DRIVER_GRACE_SECONDS,
+        hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
+        log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
+    )
     main: dict[str, Any] = {
         "name": MAIN_CONTAINER,
         "image": settings.pod_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": _env(spec, settings, use_copied_driver),
+        "env": _env(spec, settings, bool(settings.driver_image)),
         "securityContext": _security_context(),
         "volumeMounts": mounts,
         "workingDir": POD_TMP,
@@ -357,7 +400,11 @@ def build_pod(
     resources = resources_for(spec, settings)
     if resources:
         main["resources"] = resources
+    return main
 
+
+def _pod_metadata(name: str, namespace: str, uid: str, spec: api.LMEvalJobSpec) -> dict[str, Any]:
+    """Name, the job's labels and annotations with ours, and the job as controller."""
     labels = dict(spec.labels or {})
     labels.update(
         {
@@ -366,44 +413,19 @@ def build_pod(
             LABEL_JOB_UID: uid,
         }
     )
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "serviceAccountName": settings.job_service_account,
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": _pod_security_context(run_as_user),
-        "containers": [main, *_sidecars(spec)],
-        "volumes": volumes,
-    }
-    for sidecar in (spec.pod.sidecars if spec.pod else None) or []:
-        volumes.append({"name": f"{sidecar.name}-tmp", "emptyDir": {}})
-    if init_containers:
-        pod_spec["initContainers"] = init_containers
-    if spec.pod and spec.pod.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.pod.node_selector)
-    if spec.pod and spec.pod.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in spec.pod.tolerations
-        ]
     return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod_name(name, uid),
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": dict(spec.annotations or {}),
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
-                    "kind": api.KIND,
-                    "name": name,
-                    "uid": uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": pod_spec,
+        "name": pod_name(name, uid),
+        "namespace": namespace,
+        "labels": labels,
+        "annotations": dict(spec.annotations or {}),
+        "ownerReferences": [
+            {
+                "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+                "kind": api.KIND,
+                "name": name,
+                "uid": uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
     }

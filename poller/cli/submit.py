@@ -57,8 +57,14 @@ _LM_EVAL_FLAG_RE = re.compile(r"\s*\(--[a-z_]+\)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The submit flags (global flags such as -n come from the caller)."""
-    what = parser.add_argument_group("what to evaluate (lm_eval options)")
+    """The submit flags (global flags such as -n come from the caller), by group."""
+    _what_arguments(parser.add_argument_group("what to evaluate (lm_eval options)"))
+    _how_arguments(parser.add_argument_group("how to run it"))
+    _object_arguments(parser.add_argument_group("the LMEvalJob object"))
+    _after_arguments(parser.add_argument_group("what to do"))
+
+
+def _what_arguments(what: argparse._ArgumentGroup) -> None:
     what.add_argument("--model", help="lm_eval model type, e.g. hf, local-completions, dummy")
     what.add_argument(
         "--model-arg",
@@ -84,7 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CONFIGMAP",
         help="ConfigMap with task YAML and data (offline clusters); repeatable",
     )
-    how = parser.add_argument_group("how to run it")
+
+
+def _how_arguments(how: argparse._ArgumentGroup) -> None:
     how.add_argument(
         "--env-secret",
         action="append",
@@ -121,7 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-code-execution", action="store_true", help="allow tasks that run model code"
     )
     how.add_argument("--suspend", action="store_true", help="create it suspended")
-    meta = parser.add_argument_group("the LMEvalJob object")
+
+
+def _object_arguments(meta: argparse._ArgumentGroup) -> None:
     names = meta.add_mutually_exclusive_group()
     names.add_argument("--name", help="the job's name")
     names.add_argument(
@@ -136,7 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="an LMEvalJob YAML (or JSON) file, - for stdin, instead of the flags above",
     )
-    after = parser.add_argument_group("what to do")
+
+
+def _after_arguments(after: argparse._ArgumentGroup) -> None:
     after.add_argument(
         "--dry-run",
         nargs="?",
