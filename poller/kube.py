@@ -21,8 +21,8 @@ skipped by the parser instead of becoming Python objects. As soon as a
 page's continue token is known, the next page is requested on a helper
 thread, so the apiserver prepares it while this one is parsed and used; the
 pages of one LIST are still requested one after the other, and a LIST starts
-only when the previous one has ended. Other responses are parsed with
-``json.loads``.
+only when the previous one has ended (the parsing and the prefetch live in
+`poller.kubepages`). Other responses are parsed with ``json.loads``.
 """
 
 from __future__ import annotations
@@ -31,18 +31,15 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter
-from typing_extensions import TypedDict
 
-from poller import api, timefmt
+from poller import api, kubepages, timefmt
 from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
-from poller.model import JobObject, PodObject
 from poller.transport import EXEC_MAX_STDOUT_BYTES, ApiTransport, ExecOutputTooLarge, ExecRefused
 
 __all__ = ["ApiError", "Conflict", "Kube", "LogTail", "NotFound", "NotOwned"]
@@ -73,52 +70,6 @@ class LogTail:
 
 def _noop(verb: str, resource: str, code: str) -> None:
     return None
-
-
-class _JobPage(TypedDict, total=False):
-    metadata: Any
-    items: list[JobObject] | None
-
-
-class _PodPage(TypedDict, total=False):
-    metadata: Any
-    items: list[PodObject] | None
-
-
-class _ListMeta(TypedDict, total=False):
-    metadata: Any
-
-
-# A LIST page parsed in one pass into only the fields the views read; and
-# only its list metadata (the continue token), which a quick pass finds.
-_JOB_PAGE: TypeAdapter[Any] = TypeAdapter(_JobPage)
-_POD_PAGE: TypeAdapter[Any] = TypeAdapter(_PodPage)
-_LIST_META: TypeAdapter[Any] = TypeAdapter(_ListMeta)
-
-
-class _Prefetch:
-    """One request running on a helper thread while the caller works."""
-
-    def __init__(self, fetch: Callable[[str], bytes], token: str) -> None:
-        self._fetch = fetch
-        self._token = token
-        self._data: bytes | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="kube-list-page", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._data = self._fetch(self._token)
-        except BaseException as error:  # handed to the caller by result()
-            self._error = error
-
-    def result(self) -> bytes:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._data is not None
-        return self._data
 
 
 class Kube:
@@ -185,29 +136,21 @@ class Kube:
                 query={**query, "limit": PAGE_SIZE, "continue": token},
             )
 
-        raw = fetch(None)
-        while True:
-            token = (_LIST_META.validate_json(raw).get("metadata") or {}).get("continue")
-            following = _Prefetch(fetch, token) if token else None
-            items: list[dict[str, Any]] = page.validate_json(raw).get("items") or []
-            del raw
-            yield from items
-            del items
-            if following is None:
-                return
-            raw = following.result()
+        return kubepages.paged(fetch, page)
 
     def list_jobs(self, namespace: str | None = None) -> Iterator[dict[str, Any]]:
         """Every LMEvalJob (in `namespace`, or in all namespaces), as `JobObject`s."""
         where = f"/namespaces/{namespace}" if namespace else ""
-        return self._list(f"{_JOBS}{where}/{api.PLURAL}", api.PLURAL, _JOB_PAGE)
+        return self._list(f"{_JOBS}{where}/{api.PLURAL}", api.PLURAL, kubepages.JOB_PAGE)
 
     def list_pods(
         self, label_selector: str, namespace: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """Pods matching `label_selector` (in `namespace`, or everywhere), as `PodObject`s."""
         where = f"/namespaces/{namespace}" if namespace else ""
-        return self._list(f"/api/v1{where}/pods", "pods", _POD_PAGE, labelSelector=label_selector)
+        return self._list(
+            f"/api/v1{where}/pods", "pods", kubepages.POD_PAGE, labelSelector=label_selector
+        )
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data, or None when it does not exist."""
@@ -264,7 +207,7 @@ class Kube:
             resource="pods",
             query={"fieldSelector": f"metadata.name={name}", "limit": 1},
         )
-        items: list[dict[str, Any]] = _POD_PAGE.validate_json(raw).get("items") or []
+        items: list[dict[str, Any]] = kubepages.POD_PAGE.validate_json(raw).get("items") or []
         return items[0] if items else None
 
     def read_log_tail(
@@ -305,7 +248,9 @@ class Kube:
             )
         except Conflict:
             return None
-        return str((_LIST_META.validate_json(raw).get("metadata") or {}).get("uid") or "")
+        return str(
+            (kubepages.METADATA_ONLY.validate_json(raw).get("metadata") or {}).get("uid") or ""
+        )
 
     def create_secret(
         self, namespace: str, name: str, data: dict[str, str], labels: dict[str, str]

@@ -1,0 +1,86 @@
+"""LIST pages: parsed in one pass into what the views read, the next one prefetched.
+
+`poller.kube` requests the pages (it is the one module that talks to the
+API); this module is what it does with them, kept apart because it is the
+part that decides a cycle's memory: a page is parsed straight into the
+shape the views read (`poller.model.JobObject`, `PodObject`), skipping what
+no view reads (managedFields, pod specs), and dropped before the next is
+used. As soon as a page's continue token is known, the next page is
+requested on a helper thread, so the apiserver prepares it while this one is
+parsed; the pages of one LIST are still requested one after the other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pydantic import TypeAdapter
+from typing_extensions import TypedDict
+
+from poller.model import JobObject, PodObject
+
+__all__ = ["JOB_PAGE", "METADATA_ONLY", "POD_PAGE", "paged"]
+
+
+class _JobPage(TypedDict, total=False):
+    metadata: Any
+    items: list[JobObject] | None
+
+
+class _PodPage(TypedDict, total=False):
+    metadata: Any
+    items: list[PodObject] | None
+
+
+class _MetadataOnly(TypedDict, total=False):
+    metadata: Any
+
+
+# A LIST page parsed in one pass into only the fields the views read; and
+# only its metadata (a list's continue token, an object's uid), which a quick
+# pass finds.
+JOB_PAGE: TypeAdapter[Any] = TypeAdapter(_JobPage)
+POD_PAGE: TypeAdapter[Any] = TypeAdapter(_PodPage)
+METADATA_ONLY: TypeAdapter[Any] = TypeAdapter(_MetadataOnly)
+
+
+class _Prefetch:
+    """One request running on a helper thread while the caller works."""
+
+    def __init__(self, fetch: Callable[[str], bytes], token: str) -> None:
+        self._fetch = fetch
+        self._token = token
+        self._data: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kube-list-page", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._data = self._fetch(self._token)
+        except BaseException as error:  # handed to the caller by result()
+            self._error = error
+
+    def result(self) -> bytes:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._data is not None
+        return self._data
+
+
+def paged(fetch: Callable[[str | None], bytes], page: TypeAdapter[Any]) -> Iterator[dict[str, Any]]:
+    """Every item of a LIST, one page at a time; `fetch(token)` gets one page's bytes."""
+    raw = fetch(None)
+    while True:
+        token = (METADATA_ONLY.validate_json(raw).get("metadata") or {}).get("continue")
+        following = _Prefetch(fetch, token) if token else None
+        items: list[dict[str, Any]] = page.validate_json(raw).get("items") or []
+        del raw
+        yield from items
+        del items
+        if following is None:
+            return
+        raw = following.result()
