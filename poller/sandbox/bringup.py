@@ -19,8 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from poller.crd import CRD_PATH
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import service_account_kubeconfig
 from poller.sandbox.runner import NODE_NAME
+from poller.sandbox.supervise import http_ok
 from poller.settings import CONFIGMAP_NAME
 
 __all__ = [
@@ -122,15 +121,6 @@ def _wait(what: str, ready: Any, timeout: float, processes: Processes) -> None:
         if time.monotonic() > deadline:
             raise DemoError(f"{what} not ready after {timeout:.0f} s")
         time.sleep(0.1)
-
-
-def _http_ok(url: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 # -- steps -----------------------------------------------------------------------------
@@ -228,6 +218,6 @@ def start_processes(
             f"--metrics-port={metrics_port}",
         ],
     )
-    _wait("model server", lambda: _http_ok(f"http://127.0.0.1:{model_port}/health"), 30, processes)
+    _wait("model server", lambda: http_ok(f"http://127.0.0.1:{model_port}/health"), 30, processes)
     _wait("node lmeval-sandbox", lambda: _node_ready(plane), 30, processes)
-    _wait("poller", lambda: _http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, processes)
+    _wait("poller", lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, processes)

@@ -17,16 +17,10 @@ configuration files, is in `poller.sandbox.components`.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
-import os
-import signal
 import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,24 +42,13 @@ from poller.sandbox.components import (
     scheduler_argv,
 )
 from poller.sandbox.pki import Pki, make_pki
+from poller.sandbox.supervise import Supervisor, http_ok, terminate
 
 __all__ = ["ControlPlane", "ControlPlaneError", "StartupTimes"]
-
-_PR_SET_PDEATHSIG = 1
 
 
 class ControlPlaneError(RuntimeError):
     """A component did not start; the message carries its log tail."""
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the test process dies, so
-    # does the component, instead of lingering on its ports. SIGKILL, not
-    # SIGTERM: a kube-apiserver whose etcd died with it hangs in its graceful
-    # shutdown (seen orphaned after a killed benchmark), and nothing here needs
-    # flushing. `stop()` still asks nicely first.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -108,7 +91,9 @@ class ControlPlane:
         self.audit = AuditLog(self.workdir / "audit.log")
         self.state_file = self.workdir / "state.json"
         self.times = StartupTimes()
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._supervisor = Supervisor(
+            self.workdir, self.logs_dir, die_with_parent=die_with_parent, error=ControlPlaneError
+        )
         self.ports = Ports()
         self.pki: Pki | None = None
         self.binaries: Path | None = None
@@ -152,18 +137,13 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stop every component this object (or the state file) started."""
-        pids = {name: proc.pid for name, proc in self._processes.items()}
+        pids = self._supervisor.pids()
         if not pids and self.state_file.exists():
             pids = json.loads(self.state_file.read_text()).get("pids", {})
         # Reverse start order: clients first, etcd last.
         for name in reversed(list(pids)):
-            _terminate(int(pids[name]))
-        for proc in self._processes.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self._processes.clear()
+            terminate(int(pids[name]))
+        self._supervisor.reap()
         self.state_file.unlink(missing_ok=True)
 
     def __enter__(self) -> ControlPlane:
@@ -179,24 +159,12 @@ class ControlPlane:
 
     def running(self) -> dict[str, bool]:
         """Which components are alive, by name."""
-        return {name: proc.poll() is None for name, proc in self._processes.items()}
+        return self._supervisor.running()
 
     # -- components ----------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = (self.logs_dir / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=self.workdir,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
-        )
-        log.close()
-        self._processes[name] = proc
-        return proc
+        return self._supervisor.spawn(name, argv)
 
     def _bin(self, name: str) -> str:
         assert self.binaries is not None
@@ -207,7 +175,7 @@ class ControlPlane:
         client = f"http://127.0.0.1:{self.ports.etcd_client}"
         self._wait_until(
             "etcd",
-            lambda: _http_ok(f"{client}/health", None, lambda body: b'"health":"true"' in body),
+            lambda: http_ok(f"{client}/health", None, lambda body: b'"health":"true"' in body),
             timeout,
         )
 
@@ -227,7 +195,7 @@ class ControlPlane:
         context = self._admin_ssl_context()
         self._wait_until(
             "kube-apiserver",
-            lambda: _http_ok(f"{self.server}/readyz", context, lambda body: body.strip() == b"ok"),
+            lambda: http_ok(f"{self.server}/readyz", context, lambda body: body.strip() == b"ok"),
             timeout,
         )
 
@@ -374,39 +342,22 @@ class ControlPlane:
         context.verify_mode = ssl.CERT_NONE
         self._wait_until(
             name,
-            lambda: _http_ok(
+            lambda: http_ok(
                 f"https://127.0.0.1:{port}/healthz", context, lambda body: body.strip() == b"ok"
             ),
             timeout,
         )
 
     def _wait_until(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while time.monotonic() < deadline:
-            for component, proc in self._processes.items():
-                if proc.poll() is not None:
-                    raise ControlPlaneError(
-                        f"{component} exited with code {proc.returncode} while waiting for "
-                        f"{name}\n{self.log_tail(component)}"
-                    )
-            if ready():
-                return
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-        raise ControlPlaneError(f"{name} not ready after {timeout:.0f} s\n{self.log_tail(name)}")
+        self._supervisor.wait_until(name, ready, timeout)
 
     def log_tail(self, component: str, lines: int = 30) -> str:
         """The last lines of a component's log, for error messages."""
-        path = self.logs_dir / f"{component}.log"
-        if not path.exists():
-            return f"(no log at {path})"
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-        return f"--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
+        return self._supervisor.log_tail(component, lines)
 
     def _save_state(self) -> None:
         state: dict[str, Any] = {
-            "pids": {name: proc.pid for name, proc in self._processes.items()},
+            "pids": self._supervisor.pids(),
             "ports": asdict(self.ports),
             "kubeconfig": str(self.kubeconfig),
             "server": self.server,
@@ -424,44 +375,3 @@ class ControlPlane:
             return None
         state: dict[str, Any] = json.loads(path.read_text())
         return state
-
-
-def _http_ok(url: str, context: ssl.SSLContext | None, accept: Callable[[bytes], bool]) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as response:  # noqa: S310
-            return bool(accept(response.read()))
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state follows the parenthesised command name, which may hold spaces.
-    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
-
-
-def _terminate(pid: int, grace: float = 10.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        if _is_zombie(pid):
-            return  # dead, waiting for a parent (or init) to reap it
-        try:
-            # Reap it if it is our child; harmless otherwise.
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:
-            pass
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)

@@ -38,7 +38,7 @@ import yaml
 
 from poller.sandbox import build
 from poller.sandbox.components import free_port
-from poller.sandbox.controlplane import _die_with_parent, _terminate
+from poller.sandbox.supervise import die_with_parent, terminate
 
 __all__ = [
     "PROMETHEUS_MODULE",
@@ -214,7 +214,7 @@ class PrometheusServer:
             stdin=subprocess.DEVNULL,
             cwd=self.workdir,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -256,7 +256,7 @@ class PrometheusServer:
 
     def stop(self) -> None:
         if self.process is not None:
-            _terminate(self.process.pid)
+            terminate(self.process.pid)
             self.process.wait(timeout=10)
             self.process = None
 

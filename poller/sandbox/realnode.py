@@ -27,22 +27,16 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
 from poller.sandbox import build, nodecleanup, nodeconfig
-from poller.sandbox.controlplane import (
-    ControlPlane,
-    ControlPlaneError,
-    _die_with_parent,
-    _terminate,
-)
+from poller.sandbox.controlplane import ControlPlane, ControlPlaneError
 from poller.sandbox.nodeconfig import BRIDGE, NODE_IP, NODE_NAME, POD_SUBNET, NodePorts
 from poller.sandbox.pki import issue_cert
+from poller.sandbox.supervise import Supervisor, http_ok, terminate
 
 __all__ = ["NodeImage", "RealNode", "RealNodeError", "missing_prerequisites"]
 
@@ -109,7 +103,6 @@ class RealNode:
         self.plane = plane
         self.workdir = workdir.resolve()
         self.container_log_max_size = container_log_max_size
-        self.die_with_parent = die_with_parent
         self.ports = NodePorts()
         self.logs_dir = self.workdir / "logs"
         self.state_file = self.workdir / "state.json"
@@ -121,7 +114,9 @@ class RealNode:
         self.kubelet_root = self.workdir / "kubelet"
         self.pod_logs = self.workdir / "pod-logs"
         self.times: dict[str, float] = {}
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._supervisor = Supervisor(
+            self.workdir, self.logs_dir, die_with_parent=die_with_parent, error=RealNodeError
+        )
         self._lock: IO[str] | None = None
 
     # -- lifecycle -----------------------------------------------------------
@@ -165,12 +160,12 @@ class RealNode:
 
     def stop(self) -> None:
         """Stop everything, kill what the pods run, unmount, remove bridge and rule."""
-        pids = {name: proc.pid for name, proc in self._processes.items()}
+        pids = self._supervisor.pids()
         if not pids and self.state_file.exists():
             pids = json.loads(self.state_file.read_text()).get("pids", {})
         for name in ("kube-proxy", "kubelet"):
             if name in pids:
-                _terminate(int(pids[name]))
+                terminate(int(pids[name]))
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             # kube-proxy's own way of removing its iptables chains.
             subprocess.run([self._bin("kube-proxy"), "--cleanup"], capture_output=True, timeout=60)
@@ -178,17 +173,14 @@ class RealNode:
         self._remove_containers()
         for name in ("containerd", "registry"):
             if name in pids:
-                _terminate(int(pids[name]))
+                terminate(int(pids[name]))
         nodecleanup.kill_shims(self.socket)
         nodecleanup.unmount_under([self.workdir, self.containerd_root])
         nodecleanup.remove_cgroup_tree("kubepods")
         nodecleanup.run_quiet(["iptables", "-D", *_FIREWALL_RULE])
         nodecleanup.remove_kube_chains()
         nodecleanup.run_quiet(["ip", "link", "del", BRIDGE])
-        for proc in self._processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-        self._processes.clear()
+        self._supervisor.reap()
         self.state_file.unlink(missing_ok=True)
         self._release_lock()
 
@@ -210,7 +202,7 @@ class RealNode:
 
     def running(self) -> dict[str, bool]:
         """Which of the node's processes are alive, by name."""
-        return {name: proc.poll() is None for name, proc in self._processes.items()}
+        return self._supervisor.running()
 
     # -- parts ---------------------------------------------------------------
 
@@ -229,9 +221,7 @@ class RealNode:
         config = self.workdir / "registry.yaml"
         config.write_text(nodeconfig.registry_config(self.registry_storage, self.ports.registry))
         self._spawn("registry", ["docker-registry", "serve", str(config)])
-        self._wait_until(
-            "registry", lambda: _http_status(f"http://{self.registry}/v2/") == 200, timeout
-        )
+        self._wait_until("registry", lambda: http_ok(f"http://{self.registry}/v2/"), timeout)
 
     def _push(self, images: Iterable[NodeImage]) -> None:
         for image in images:
@@ -305,9 +295,7 @@ class RealNode:
             ),
         )
         healthz = f"http://127.0.0.1:{self.ports.kubelet_healthz}/healthz"
-        self._wait_until(
-            "kubelet", lambda: _http_status(healthz) == 200 and self._node_ready(), timeout
-        )
+        self._wait_until("kubelet", lambda: http_ok(healthz) and self._node_ready(), timeout)
 
     def restart_kubelet(self, *, container_log_max_size: str, timeout: float = 60.0) -> None:
         """Restart the kubelet with another ``containerLogMaxSize``; pods keep running.
@@ -316,8 +304,8 @@ class RealNode:
         itself instead of exposing every other test to log rotation.
         """
         self.container_log_max_size = container_log_max_size
-        process = self._processes.pop("kubelet")
-        _terminate(process.pid)
+        process = self._supervisor.processes.pop("kubelet")
+        terminate(process.pid)
         process.wait(timeout=10)
         self._start_kubelet(timeout)
 
@@ -332,7 +320,7 @@ class RealNode:
         config.write_text(nodeconfig.kube_proxy_config(self.ports, kubeconfig))
         self._spawn("kube-proxy", nodeconfig.kube_proxy_argv(self._bin("kube-proxy"), config))
         healthz = f"http://127.0.0.1:{self.ports.proxy_healthz}/healthz"
-        self._wait_until("kube-proxy", lambda: _http_status(healthz) == 200, timeout)
+        self._wait_until("kube-proxy", lambda: http_ok(healthz), timeout)
 
     def _node_ready(self) -> bool:
         out = self.plane.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
@@ -374,44 +362,19 @@ class RealNode:
         self.times[name] = time.monotonic() - began
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        with (self.logs_dir / f"{name}.log").open("ab") as log:
-            self._processes[name] = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.workdir,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
-            )
+        self._supervisor.spawn(name, argv)
         self._save_state()
 
     def _wait_until(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for component, proc in self._processes.items():
-                if proc.poll() is not None:
-                    raise RealNodeError(
-                        f"{component} exited with code {proc.returncode} while waiting for "
-                        f"{name}\n{self.log_tail(component)}"
-                    )
-            if ready():
-                return
-            time.sleep(0.2)
-        raise RealNodeError(f"{name} not ready after {timeout:.0f} s\n{self.log_tail(name)}")
+        self._supervisor.wait_until(name, ready, timeout)
 
     def log_tail(self, component: str, lines: int = 30) -> str:
         """The last lines of a part's log, for error messages."""
-        path = self.logs_dir / f"{component}.log"
-        if not path.exists():
-            return f"(no log at {path})"
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-        return f"--- last {len(text)} lines of {path} ---\n" + "\n".join(text)
+        return self._supervisor.log_tail(component, lines)
 
     def _save_state(self) -> None:
         state: dict[str, Any] = {
-            "pids": {name: proc.pid for name, proc in self._processes.items()},
+            "pids": self._supervisor.pids(),
             "ports": asdict(self.ports),
             "registry": self.registry,
             "times": self.times,
@@ -448,13 +411,3 @@ def _run(argv: list[str]) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise RealNodeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
-
-
-def _http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback)
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-    except (urllib.error.URLError, OSError):
-        return 0
