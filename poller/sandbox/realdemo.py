@@ -35,10 +35,33 @@ from poller.sandbox.deployed import apply_job_namespace, apply_poller
 from poller.sandbox.identities import api_client
 from poller.sandbox.realnode import NodeImage, RealNode
 
-__all__ = ["NODE_WORKDIR", "real_node_documents", "run_on_real_node", "stop_real_node"]
+__all__ = [
+    "NODE_WORKDIR",
+    "model_server_sidecar",
+    "real_node_documents",
+    "run_on_real_node",
+    "stop_real_node",
+]
 
 NODE_WORKDIR = "node"
 SETTINGS = {"poll-interval": "1s", "progress-interval": "2s"}
+
+
+def model_server_sidecar(image: str, *, delay: str = "") -> dict[str, Any]:
+    """The sample model server as a sidecar of the job pod, from `image` (the job image),
+    on the port the sample's ``base_url`` names; `delay` slows each answer (seconds)."""
+    command = [
+        "python",
+        "-m",
+        "poller.sandbox.model_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(demo.MODEL_SERVER_PORT),
+    ]
+    if delay:
+        command += ["--delay", delay]
+    return {"name": "model", "image": image, "command": command}
 
 
 def real_node_documents(sample: str, job_image: str) -> list[dict[str, Any]]:
@@ -50,23 +73,7 @@ def real_node_documents(sample: str, job_image: str) -> list[dict[str, Any]]:
         spec = document["spec"]
         spec.pop("pod", None)
         if spec.get("model") == "local-completions":
-            spec["pod"] = {
-                "sidecars": [
-                    {
-                        "name": "model",
-                        "image": job_image,
-                        "command": [
-                            "python",
-                            "-m",
-                            "poller.sandbox.model_server",
-                            "--host",
-                            "127.0.0.1",
-                            "--port",
-                            str(demo.MODEL_SERVER_PORT),
-                        ],
-                    }
-                ]
-            }
+            spec["pod"] = {"sidecars": [model_server_sidecar(job_image)]}
     return documents
 
 

@@ -31,12 +31,12 @@ from poller.sandbox import demo, images
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.deployed import apply_job_namespace, apply_poller
 from poller.sandbox.nodeconfig import NODE_NAME
+from poller.sandbox.realdemo import model_server_sidecar
 from poller.sandbox.realnode import NodeImage, RealNode
 from tests.waiting import wait_for
 
 # The kubelet's default; test_rotated_log_still_yields_results lowers it.
 CONTAINER_LOG_MAX_SIZE = "10Mi"
-MODEL_PORT = 8765
 # The suite's pod-pending-timeout: a pod of a pulled image starts in seconds.
 SUITE_PENDING = "90s"
 FINAL_STATES = ("Complete", "Cancelled")
@@ -158,7 +158,7 @@ class PodWatch:
 
 def job_body(sample_name: str, name: str, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tasks ConfigMap, LMEvalJob) from deploy/samples, without its sandbox `pod` block."""
-    documents = demo.sample_documents(sample_name, MODEL_PORT)
+    documents = demo.sample_documents(sample_name, demo.MODEL_SERVER_PORT)
     configmap = next(d for d in documents if d["kind"] == "ConfigMap")
     job = copy.deepcopy(next(d for d in documents if d["kind"] == api.KIND))
     job["spec"].pop("pod", None)
@@ -167,32 +167,14 @@ def job_body(sample_name: str, name: str, **spec: Any) -> tuple[dict[str, Any], 
     return configmap, job
 
 
-def model_server_sidecar(image: str) -> dict[str, Any]:
-    """The sample model server in the job pod, from the job image."""
-    return {
-        "name": "model",
-        "image": image,
-        "command": [
-            "python",
-            "-m",
-            "poller.sandbox.model_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(MODEL_PORT),
-        ],
-    }
-
-
 def served_job(
     cluster: NodeCluster, name: str, *, delay: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The served-model sample with the model server as a sidecar (slowed by `delay` s)."""
     configmap, job = job_body("served-model", name)
-    sidecar = model_server_sidecar(cluster.image_refs["job"])
-    if delay:
-        sidecar["command"] += ["--delay", delay]
-    job["spec"]["pod"] = {"sidecars": [sidecar]}
+    job["spec"]["pod"] = {
+        "sidecars": [model_server_sidecar(cluster.image_refs["job"], delay=delay)]
+    }
     return configmap, job
 
 
@@ -254,4 +236,4 @@ def job_namespace(node_cluster: NodeCluster, request: pytest.FixtureRequest) -> 
     node_cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-__all__ = ["NODE_NAME", "NodeCluster", "job_body", "model_server_sidecar", "served_job"]
+__all__ = ["NODE_NAME", "NodeCluster", "job_body", "served_job"]
