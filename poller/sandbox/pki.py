@@ -110,29 +110,43 @@ class _Issuer:
         server_names: tuple[str, ...] = (),
         client: bool = False,
     ) -> CertPair:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = timefmt.now()
-        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name, organization))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        subject = _name(common_name, organization)
+        return _sign(self.cert, self.key, self.directory, stem, subject, client, server_names)
+
+
+def _sign(
+    issuer: x509.Certificate,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    directory: Path,
+    stem: str,
+    subject: x509.Name,
+    client: bool,
+    server_names: tuple[str, ...],
+) -> CertPair:
+    """A new key and a leaf certificate for it, written as `stem`.crt/.key in `directory`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = timefmt.now()
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if server_names:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(_alt_names(server_names)), critical=False
         )
-        if server_names:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(_alt_names(server_names)), critical=False
-            )
-        cert = builder.sign(self.key, hashes.SHA256())
-        pair = CertPair(self.directory / f"{stem}.crt", self.directory / f"{stem}.key")
-        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(pair.key, key)
-        return pair
+    cert = builder.sign(issuer_key, hashes.SHA256())
+    pair = CertPair(directory / f"{stem}.crt", directory / f"{stem}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pair.key, key)
+    return pair
 
 
 def make_pki(directory: Path, *, extra_server_names: tuple[str, ...] = ()) -> Pki:
@@ -214,31 +228,11 @@ def issue_cert(
     ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    key = ec.generate_private_key(ec.SECP256R1())
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
-    now = timefmt.now()
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attrs))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    )
-    if server_names:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(_alt_names(server_names)), critical=False
-        )
-    cert = builder.sign(ca_key, hashes.SHA256())
-    pair = CertPair(pki.ca_cert.parent / f"{stem}.crt", pki.ca_cert.parent / f"{stem}.key")
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(pair.key, key)
-    return pair
+    subject = x509.Name(attrs)
+    directory = pki.ca_cert.parent
+    return _sign(ca_cert, ca_key, directory, stem, subject, not server_names, server_names)
 
 
 def _alt_names(names: tuple[str, ...]) -> list[x509.GeneralName]:
