@@ -34,14 +34,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/lmeval
 ENV PATH=${VIRTUAL_ENV}/bin:${PATH}
 
-# -- build: one wheel with both packages (driver, poller) -----------------------
+# -- build: the operator's wheel and the driver's -------------------------------
+# Each image installs one distribution of its own (poller/pyproject.toml:
+# lmeval-operator; driver/pyproject.toml: lmeval-driver). The user CLI and the
+# sandbox are not in the context at all (.dockerignore).
 FROM python-base AS build
 WORKDIR /src
-# .dockerignore narrows the context to pyproject.toml, README.md and the packages.
 COPY . .
-# pip from a venv of its own: a distribution's Python (Debian's) may come without it.
+# pip from a venv of its own: a distribution's Python (Debian's) may come
+# without it. The driver image takes the driver from its wheel, so that it
+# holds exactly what the job image installs.
 RUN python -m venv "${VIRTUAL_ENV}" \
-    && pip wheel --no-deps --wheel-dir "${WHEELS}" .
+    && pip wheel --no-deps --wheel-dir "${WHEELS}" ./poller ./driver \
+    && set -- "${WHEELS}"/lmeval_driver-*.whl \
+    && python -m zipfile -e "$1" driver-wheel
 
 # -- driver: the driver package alone, for the job pod's init container ---------
 # With the setting driver-image, the poller's init container runs
@@ -50,19 +56,17 @@ RUN python -m venv "${VIRTUAL_ENV}" \
 # any image with Python and lm-eval can be the pod image. The driver uses the
 # standard library only; busybox brings `cp`.
 FROM ${BUSYBOX_BASE} AS driver
-COPY --from=build /src/driver/ /opt/lmeval/driver/
+COPY --from=build /src/driver-wheel/driver/ /opt/lmeval/driver/
 USER 1001:0
 
-# -- job: the evaluation container: lm-eval with the api extra, lmeval-driver ---
+# -- job: the evaluation container: lmeval-driver with lm-eval, nothing else ---
 FROM python-base AS job
 COPY --from=build ${WHEELS} ${WHEELS}
-# The wheel's `eval` extra pins lm-eval (pyproject.toml); it also brings the
-# poller's small dependencies, which the job never uses to reach the API: job
-# pods run without a token. (DL3013 asks for pinned names; this is a local
-# wheel whose own requirements pin lm-eval.)
+# The driver's `eval` extra pins lm-eval with its API models (driver/pyproject.toml).
+# (DL3013 asks for pinned names; this is a local wheel whose extra pins lm-eval.)
 # hadolint ignore=DL3013
 RUN python -m venv "${VIRTUAL_ENV}" \
-    && set -- "${WHEELS}"/lmeval_poller-*.whl \
+    && set -- "${WHEELS}"/lmeval_driver-*.whl \
     && pip install "$1[eval]" \
     && rm -rf "${WHEELS}"
 # The only writable paths; group 0 may write them whatever the UID.
@@ -79,10 +83,11 @@ CMD ["lmeval-driver", "--help"]
 # -- poller: the operator (the default target) ----------------------------------
 FROM python-base AS poller
 COPY --from=build ${WHEELS} ${WHEELS}
+# The operator's distribution with its dependencies; among them the driver's,
+# for the driver-poller contract (driver/protocol.py): standard library only.
 # hadolint ignore=DL3013
 RUN python -m venv "${VIRTUAL_ENV}" \
-    && set -- "${WHEELS}"/lmeval_poller-*.whl \
-    && pip install "$1" \
+    && pip install --find-links "${WHEELS}" lmeval-operator \
     && rm -rf "${WHEELS}"
 USER 1001:0
 EXPOSE 8080

@@ -135,7 +135,6 @@ __all__ = [
     "ProgressFields",
     "ResultsChunkFields",
     "StartedFields",
-    "describe_exit_code",
     "driver_command",
     "encode_final",
     "encode_marker",
@@ -361,18 +360,3 @@ def signal_text(signum: int) -> str:
     """``9`` -> ``"signal 9 (SIGKILL)"``; an unknown number is only ``"signal N"``."""
     name = signal_name(signum)
     return name if name == f"signal {signum}" else f"signal {signum} ({name})"
-
-
-def describe_exit_code(code: int) -> str:
-    """Explain a driver exit code, e.g. from the main container's terminated state."""
-    fixed = {
-        EXIT_OK: "completed",
-        EXIT_NO_RESULTS: "lm_eval exited 0 but wrote no results file",
-        EXIT_CANCELLED: "cancelled",
-        EXIT_DRIVER_ERROR: "driver error",
-    }
-    if code in fixed:
-        return fixed[code]
-    if 128 < code < 128 + 65:
-        return f"killed by signal {code - 128} ({signal_name(code - 128)})"
-    return f"lm_eval exited with code {code}"

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from poller.cycle import Poller
 from poller.kube import Kube
 from poller.leader import LeaderElector
 from poller.metrics import PollerMetrics, serve
+from poller.reconciler import Reconciler
 from poller.service import PollingService
 from poller.transport import ApiTransport
 
@@ -144,7 +144,7 @@ def _run(args: argparse.Namespace, kube: Kube, metrics: PollerMetrics, identity:
             on_change=metrics.set_leader,
         )
         metrics.set_leader(False)
-    poller = Poller(
+    poller = Reconciler(
         kube,
         settings_namespace=settings_namespace,
         namespaces=namespaces,

@@ -3,7 +3,7 @@
 `decide` returns actions in the order they must happen (results and the
 archived log are stored before a pod may go, the status is written after
 what it reports); this module performs them, one job at a time per thread
-(`poller.cycle` runs several jobs at once). Reads and execs inside a pod
+(`poller.reconciler` runs several jobs at once). Reads and execs inside a pod
 are `poller.podreads`, status patches and events `poller.statuswrites`.
 
 Two things only the actuator can settle are settled here:
@@ -29,26 +29,25 @@ from dataclasses import replace
 from typing import Protocol
 
 from poller import podspec, tasksnapshot
-from poller.api import JobState
-from poller.identity import PodProof
-from poller.kube import ApiError, Conflict, Kube, NotOwned
-from poller.model import (
+from poller.actions import (
     ArchiveLog,
     CreatePod,
     Decision,
     DeleteJob,
     DeletePod,
-    JobView,
     PatchStatus,
-    PodView,
     PostEvent,
     ReleaseHold,
     StoreResults,
 )
+from poller.api import JobState
+from poller.identity import PodProof
+from poller.kube import ApiError, Conflict, Kube, NotOwned
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.podreads import PodReads
 from poller.settings import Settings
 from poller.statuswrites import StatusWrites, with_outcome_of_actions
+from poller.views import JobView, PodView
 
 __all__ = ["Actuator", "Tally", "refused_for_good"]
 
@@ -85,7 +84,7 @@ class Actuator:
         self.kube = kube
         self.reads = reads
         self.writes = writes
-        # The pod-identity key, read once by the cycle (`Poller.pod_proof`).
+        # The pod-identity key, read once by the cycle (`Reconciler.pod_proof`).
         self.pod_proof = pod_proof
 
     def carry_out(

@@ -1,10 +1,13 @@
 """The errors of the API layer, as the poller, the CLI and the sandbox meet them.
 
-Each is a decision the caller makes differently: a 404 means the object is
-gone, a 409 that another writer got there first (decide again next cycle),
-`NotOwned` that the name the poller would write is someone else's object
-(never overwrite it), and `ApiError` carries any other status with the
-apiserver's own words, which end up in a job's message. Whether the same
+One hierarchy: `ApiError` carries an error status with the apiserver's own
+words, which end up in a job's message, and three kinds of it are decisions
+the caller makes differently, so they are classes of their own: `NotFound`
+(404, the object is gone), `Conflict` (409, another writer got there first:
+decide again next cycle) and `NotOwned` (the name the poller would write is
+someone else's object: never overwrite it). An ``except ApiError`` clause
+therefore catches them too; where one is handled differently its clause
+comes first. Whether the same
 request may succeed later is one property, `ApiError.transient`, which the
 operator (`poller.act`, `poller.podreads`, `poller.poison`), the CLI
 (`poller.cli.errors.ApiError`, which adds what was asked) and the sandbox
@@ -18,21 +21,10 @@ import json
 __all__ = ["ApiError", "Conflict", "NotFound", "NotOwned"]
 
 
-class NotFound(Exception):
-    """The object does not exist (404)."""
-
-
-class Conflict(Exception):
-    """A write lost a race (409): re-read and decide again next cycle."""
-
-
-class NotOwned(Exception):
-    """An object under the name the poller would write belongs to someone else."""
-
-
 class ApiError(Exception):
     """The apiserver answered with an error status (the operator's `Kube` raises
-    it for any but 404 and 409; the CLI and the sandbox for any outside 2xx)."""
+    the subclasses below for 404 and 409; the CLI and the sandbox raise it for
+    any status outside 2xx)."""
 
     def __init__(self, status: int, reason: str, body: str = "") -> None:
         super().__init__(status, reason, body)
@@ -64,3 +56,38 @@ class ApiError(Exception):
         detail = self.said or self.body.strip()[:300]
         head = f"{self.status} {self.reason}"
         return f"{head}: {detail}" if detail else head
+
+
+class _Named(ApiError):
+    """An `ApiError` the API layer names itself, with a message of its own."""
+
+    STATUS = 0
+
+    def __init__(self, message: str, body: str = "") -> None:
+        super().__init__(self.STATUS, message, body)
+
+    @property
+    def message(self) -> str:
+        return self.reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class NotFound(_Named):
+    """The object does not exist (404)."""
+
+    STATUS = 404
+
+
+class Conflict(_Named):
+    """A write lost a race (409): re-read and decide again next cycle."""
+
+    STATUS = 409
+
+
+class NotOwned(_Named):
+    """An object under the name the poller would write belongs to someone else:
+    never overwritten (a refusal for good, as the apiserver's 409 would be)."""
+
+    STATUS = 409

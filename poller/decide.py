@@ -27,27 +27,23 @@ from enum import Enum
 from pydantic import ValidationError
 
 from poller import api, outcome, podspec
-from poller.draft import StatusDraft
-from poller.model import (
+from poller.actions import (
     Action,
     ArchiveLog,
     CreatePod,
     Decision,
     DeleteJob,
     DeletePod,
-    ExecView,
-    JobView,
     LogRequest,
-    LogView,
     Needs,
-    PodView,
-    QueueSlot,
     ReleaseHold,
     StoreResults,
 )
+from poller.draft import StatusDraft
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.settings import Settings
 from poller.timefmt import parse_time
+from poller.views import ExecView, JobView, LogView, PodView, QueueSlot
 
 __all__ = [
     "EXACT_QUEUE_POSITIONS",
@@ -259,9 +255,7 @@ def _pending_cause(pod: PodView) -> str:
     return f"pod phase {pod.phase}"
 
 
-def _pending(
-    job: JobView, pod: PodView, settings: Settings, now: dt.datetime, draft: StatusDraft
-) -> Decision | None:
+def _pending(job: JobView, pod: PodView, settings: Settings, now: dt.datetime) -> Decision | None:
     """Fail a pod that has waited too long; None while it may still start."""
     waited = _seconds_between(pod.created, now)
     if waited <= settings.pod_pending_timeout:
@@ -457,7 +451,7 @@ def _decide_with_pod(
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodDeleted")
     draft = StatusDraft(job, now)
     if step is Step.STARTING:
-        stuck = _pending(job, pod, settings, now, draft)
+        stuck = _pending(job, pod, settings, now)
         return stuck if stuck is not None else Decision(draft.actions())
     return _running(job, pod, settings, now, log, exec_view, draft)
 

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 
 from driver import protocol
 from poller import api
-from poller.model import Action, JobView, PatchStatus, PostEvent
+from poller.actions import Action, PatchStatus, PostEvent
 from poller.timefmt import format_time
+from poller.views import JobView
 
 __all__ = ["StatusDraft", "set_condition"]
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from poller.kube import Conflict, Kube, NotFound
-from poller.model import PROOF_ANNOTATION
 from poller.timefmt import now, parse_time
+from poller.views import PROOF_ANNOTATION
 
 __all__ = [
     "KEY_BYTES",

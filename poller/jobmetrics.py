@@ -5,7 +5,7 @@ replaced as a whole after each cycle. Nothing per job is remembered between
 cycles, so a deleted job's series are gone from the next scrape instead of
 lingering at their last value, and the memory they need is bounded by the
 jobs that exist. A job's scores were parsed from its results JSON once, when
-its view was built (`poller.model.JobView.scores`), not on every scrape; and
+its view was built (`poller.views.JobView.scores`), not on every scrape; and
 a scrape builds one metric family at a time, so exposing 10000 jobs never
 holds all their samples at once. `poller.metrics` registers the collector
 next to the poller's own health metrics.
@@ -23,9 +23,9 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from poller import api
-from poller.model import JobView
 from poller.results import Score
 from poller.timefmt import timestamp
+from poller.views import JobView
 
 __all__ = ["STATES", "JobCollector"]
 

@@ -1,7 +1,7 @@
 """The one layer of the poller that talks to the Kubernetes API.
 
 Everything above this module works on plain dicts and the views in
-`poller.model`; everything that touches the network is here, which is what
+`poller.views`; everything that touches the network is here, which is what
 makes the rest testable without a cluster and what lets every request be
 counted in one place (`on_request(verb, resource, code)`, wired to the
 ``lmeval_kube_requests_total`` metric).
@@ -15,7 +15,7 @@ or `ApiError`.
 
 Lists are paged (``limit`` + ``continue``) and handed out page by page, so a
 cycle never holds more than a page or two of raw objects. Each page is
-parsed straight into the shape the views read (`poller.model.JobObject`,
+parsed straight into the shape the views read (`poller.views.JobObject`,
 `PodObject`): what no view reads, such as managedFields and pod specs, is
 skipped by the parser instead of becoming Python objects. As soon as a
 page's continue token is known, the next page is requested on a helper

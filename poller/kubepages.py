@@ -3,7 +3,7 @@
 `poller.kube` requests the pages (it is the one module that talks to the
 API); this module is what it does with them, kept apart because it is the
 part that decides a cycle's memory: a page is parsed straight into the
-shape the views read (`poller.model.JobObject`, `PodObject`), skipping what
+shape the views read (`poller.views.JobObject`, `PodObject`), skipping what
 no view reads (managedFields, pod specs), and dropped before the next is
 used. As soon as a page's continue token is known, the next page is
 requested on a helper thread, so the apiserver prepares it while this one is
@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
-from poller.model import JobObject, PodObject
+from poller.views import JobObject, PodObject
 
 __all__ = ["JOB_PAGE", "METADATA_ONLY", "POD_PAGE", "paged"]
 

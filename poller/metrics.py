@@ -51,10 +51,10 @@ from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder, gz
 from prometheus_client.registry import Collector
 
 from poller import api
-from poller.cycle import CycleReport
 from poller.jobmetrics import JobCollector
-from poller.model import JobView
+from poller.reconciler import CycleReport
 from poller.timefmt import timestamp
+from poller.views import JobView
 
 __all__ = [
     "JOB_DURATION_BUCKETS",

@@ -1,6 +1,6 @@
 """Observing: everything a cycle reads before it decides.
 
-A cycle decides for each job once, on complete observations (`poller.cycle`
+A cycle decides for each job once, on complete observations (`poller.reconciler`
 orchestrates; `poller.act` carries decisions out). What is read comes in two
 parts:
 
@@ -37,19 +37,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from poller import outcome, podspec
+from poller.actions import LogRequest, Needs
 from poller.kube import Kube
-from poller.model import (
-    ExecView,
-    JobView,
-    LogRequest,
-    LogView,
-    Needs,
-    PodView,
-    ProofCheck,
-    QueueSlot,
-)
 from poller.podreads import PodReads
 from poller.settings import Settings
+from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 
 __all__ = ["MANAGED_SELECTOR", "OPENSHIFT_UID_RANGE", "Listing", "Observed", "Observer"]
 

@@ -19,20 +19,10 @@ import json
 
 from driver import protocol
 from poller import api, podspec, results
+from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
 from poller.draft import StatusDraft
-from poller.model import (
-    Action,
-    Decision,
-    ExecRequest,
-    ExecView,
-    JobView,
-    LogRequest,
-    LogView,
-    PodView,
-    ReleaseHold,
-    StoreResults,
-)
 from poller.settings import Settings
+from poller.views import ExecView, JobView, LogView, PodView
 
 __all__ = [
     "FIRST_TAIL_LINES",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from poller.model import JobView, PodView
+from poller.views import JobView, PodView
 
 __all__ = ["PodTrust", "foreign_pod_message", "judge_pod"]
 

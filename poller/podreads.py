@@ -21,17 +21,10 @@ import logging
 from driver.decoder import decode_bytes
 from driver.protocol import MAX_RESULTS_BYTES
 from poller import podspec, results
+from poller.actions import ArchiveLog, ExecRequest, LogRequest, ReleaseHold
 from poller.kube import ApiError, Kube, LogTail, NotFound, NotOwned
-from poller.model import (
-    ArchiveLog,
-    ExecRequest,
-    ExecView,
-    JobView,
-    LogRequest,
-    LogView,
-    ReleaseHold,
-)
 from poller.transport import ExecOutputTooLarge
+from poller.views import ExecView, JobView, LogView
 
 __all__ = [
     "ARCHIVE_TAIL_LINES",
@@ -70,7 +63,8 @@ class PodReads:
         self.kube = kube
 
     def exec_results(self, job: JobView, action: ExecRequest) -> ExecView:
-        """cat the results file in the held container; errors make an empty view."""
+        """cat the results file in the held container; on any failure an empty view
+        (the log is the fallback) and a warning that says why."""
         try:
             code, out, err = self.kube.exec_in_pod(
                 job.namespace,
@@ -81,13 +75,14 @@ class PodReads:
             )
         except ExecOutputTooLarge:
             why = f"results file larger than {EXEC_RESULTS_MAX_BYTES} bytes"
-            log.warning("%s/%s: %s; reading the log instead", job.namespace, job.name, why)
-            return ExecView(None, why)
-        except Exception as error:  # exec is best effort: the log is the fallback
-            return ExecView(None, f"exec failed: {error}")
-        if code not in (0, None) or not out:
-            return ExecView(None, f"cat exited {code}: {err.strip()[:200]}")
-        return ExecView(out)
+        except Exception as error:  # exec is best effort
+            why = f"exec failed: {error}"
+        else:
+            if code in (0, None) and out:
+                return ExecView(out)
+            why = f"cat exited {code}: {err.strip()[:200]}"
+        log.warning("%s/%s: %s; reading the log instead", job.namespace, job.name, why)
+        return ExecView(None)
 
     def release(self, job: JobView, action: ReleaseHold) -> None:
         try:

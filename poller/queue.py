@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 
 from poller import api
-from poller.model import JobView, PodView, QueueSlot
+from poller.views import JobView, PodView, QueueSlot
 
 __all__ = ["fair_order", "plan_queue"]
 
@@ -66,7 +66,4 @@ def plan_queue(
     waiting = fair_order(job for job in all_jobs if _waiting(job, pods.get(job.uid)))
     free = max(0, limit - running)
     held = waiting[free:]
-    return {
-        job.uid: QueueSlot(position=index + 1, waiting=len(held), limit=limit)
-        for index, job in enumerate(held)
-    }
+    return {job.uid: QueueSlot(position=index + 1, limit=limit) for index, job in enumerate(held)}

@@ -19,7 +19,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from poller import timefmt
-from poller.cycle import CycleReport, Poller
+from poller.reconciler import CycleReport, Reconciler
 
 __all__ = ["JOB_ID", "PollingService"]
 
@@ -29,11 +29,11 @@ JOB_ID = "lmeval-poll-cycle"
 
 
 class PollingService:
-    """The scheduler around a `Poller`."""
+    """The scheduler around a `Reconciler`."""
 
     def __init__(
         self,
-        poller: Poller,
+        poller: Reconciler,
         *,
         on_cycle: Callable[[CycleReport | None, BaseException | None], None] | None = None,
     ) -> None:

@@ -22,8 +22,9 @@ from typing import Any
 
 from poller import decide as decisions
 from poller import poison
+from poller.actions import PatchStatus, PostEvent
 from poller.kube import Conflict, Kube
-from poller.model import JobView, PatchStatus, PostEvent
+from poller.views import JobView
 
 __all__ = ["StatusWrites", "with_outcome_of_actions"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from poller import api, podspec, taskcode
 from poller.kube import ApiError, Kube
-from poller.model import JobView
 from poller.settings import CONFIGMAP_NAME, Settings
+from poller.views import JobView
 
 __all__ = [
     "ANNOTATION_DIGEST",

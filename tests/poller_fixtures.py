@@ -23,11 +23,11 @@ import yaml
 from kubernetes import client
 
 from poller import api
-from poller.crd import CRD_PATH
-from poller.cycle import CycleReport, Poller
 from poller.kube import Kube
+from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
+from poller.sandbox.crd import CRD_PATH
 from poller.sandbox.identities import service_account_kubeconfig
 from poller.settings import CONFIGMAP_NAME
 from poller.transport import ApiTransport
@@ -76,10 +76,10 @@ BASE_SETTINGS = {"pod-image": "registry.example/lmeval-job:test", "poll-interval
 
 
 @pytest.fixture
-def poller(poller_kube: Kube, admin_api: client.ApiClient, namespace: str) -> Poller:
+def poller(poller_kube: Kube, admin_api: client.ApiClient, namespace: str) -> Reconciler:
     """A poller limited to this test's namespace (other tests' jobs stay untouched)."""
     set_settings(admin_api, dict(BASE_SETTINGS))
-    return Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=[namespace])
+    return Reconciler(poller_kube, settings_namespace=POLLER_NS, namespaces=[namespace])
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def jobs(admin_api: client.ApiClient, job_namespace: str) -> Jobs:
 
 
 def cycle_until(
-    poller: Poller, probe: Callable[[], Any], *, timeout: float = 30.0, what: str = ""
+    poller: Reconciler, probe: Callable[[], Any], *, timeout: float = 30.0, what: str = ""
 ) -> Any:
     """Run poller cycles until `probe` is truthy; no cycle may raise or count errors."""
 

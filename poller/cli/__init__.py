@@ -6,7 +6,7 @@ works). Module map: ``__main__`` (commands, flags, exit), ``kubeconfig``
 and a job looked up by the name a person typed), ``errors`` (actionable
 messages, exit codes), ``submit`` (flags or a file to a validated
 LMEvalJob), ``commands`` (submit, list, get, results, compare, cancel,
-suspend, resume), ``follow`` (logs and wait, by polling), ``view`` (facts
+suspend, resume), ``follow`` (logs and wait, by polling), ``facts`` (facts
 about a job) and ``render`` (tables and formats). See README.md beside this
 file.
 """

@@ -31,7 +31,7 @@ from poller.cli.errors import (
     parse_status,
     suggest,
 )
-from poller.rawapi import send
+from poller.cli.rawapi import send
 
 __all__ = ["JOBS_PREFIX", "Cluster", "fetch_job", "split_ref"]
 

@@ -2,7 +2,7 @@
 cancel, suspend and resume (logs and wait, which poll, are in ``follow``).
 
 Why this module exists: each command is a short script over ``Cluster``
-(requests), ``view`` (facts) and ``render`` (printing), and they share one
+(requests), ``facts`` (facts) and ``render`` (printing), and they share one
 rule: a job named by a person is looked up with ``client.fetch_job``, so a
 missing job is reported with the names it was probably meant to be (difflib
 over the namespace's jobs) or the namespace it lives in, never as a bare
@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from poller import api, timefmt
-from poller.cli import follow, render, submit, view
+from poller.cli import facts, follow, render, submit
 from poller.cli.client import Cluster, fetch_job, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.results import RESULTS_KEY, results_configmap_name
@@ -136,7 +136,7 @@ def cmd_get(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> i
 
 def _configmap_results(cluster: Cluster, job: dict[str, Any]) -> dict[str, Any] | None:
     meta = job["metadata"]
-    name = view.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"])
+    name = facts.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"])
     try:
         found = cluster.get_configmap(str(name), str(meta["namespace"]))
     except ApiError:
@@ -156,15 +156,15 @@ def _configmap_results(cluster: Cluster, job: dict[str, Any]) -> dict[str, Any] 
 
 def results_of(cluster: Cluster, job: dict[str, Any], *, complete: bool = False) -> dict[str, Any]:
     """The job's results JSON: status first, the ConfigMap when status is reduced."""
-    results = view.job_results(job)
-    reduced = bool(view.status(job).get("resultsReduced"))
+    results = facts.job_results(job)
+    reduced = bool(facts.status(job).get("resultsReduced"))
     if results is None or results.get("truncated") or (reduced and complete):
         results = _configmap_results(cluster, job) or results
     if results is None:
         name = job["metadata"]["name"]
-        state, reason = view.state(job), view.reason(job)
+        state, reason = facts.state(job), facts.reason(job)
         shown = f"{state}/{reason}" if reason else state
-        message = view.status(job).get("message")
+        message = facts.status(job).get("message")
         raise CliError(
             f"LMEvalJob {name} has no results (state {shown})"
             + (f": {message}" if message and reason != "Succeeded" else ""),
@@ -189,7 +189,7 @@ def cmd_results(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
     if args.output == "json":
         out.write(json.dumps(results, indent=2))
         return ExitCode.OK
-    rows = view.score_rows(results, view.spec(job).get("tasks"))
+    rows = facts.score_rows(results, facts.spec(job).get("tasks"))
     _print_grid(out, render.scores_grid(rows), args.output, ("VALUE", "STDERR"))
     return ExitCode.OK
 
@@ -197,12 +197,12 @@ def cmd_results(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
 def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
     refs = [split_ref(ref, cluster.namespace) for ref in args.names]
     labels = [name if space == cluster.namespace else f"{space}/{name}" for space, name in refs]
-    columns: list[dict[tuple[str, str, str], view.ScoreRow]] = []
+    columns: list[dict[tuple[str, str, str], facts.ScoreRow]] = []
     order: list[tuple[str, str, str]] = []
     for (space, name), label in zip(refs, labels, strict=True):
         job = fetch_job(cluster, name, space)
         try:
-            rows = view.score_rows(results_of(cluster, job), view.spec(job).get("tasks"))
+            rows = facts.score_rows(results_of(cluster, job), facts.spec(job).get("tasks"))
         except CliError as error:
             out.note(f"{label}: {error.message}")
             rows = []
@@ -231,7 +231,7 @@ def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
     headers = ["TASK", "METRIC", "FILTER", *labels]
     grid_rows = []
     for key in order:
-        values = [view.format_value(col[key].value) if key in col else "-" for col in columns]
+        values = [facts.format_value(col[key].value) if key in col else "-" for col in columns]
         grid_rows.append([*key, *values])
     _print_grid(out, (headers, grid_rows), args.output, tuple(labels))
     return ExitCode.OK
@@ -251,9 +251,9 @@ def cmd_patch(args: argparse.Namespace, cluster: Cluster, out: render.Output) ->
     for ref in args.names:
         namespace, name = split_ref(ref, cluster.namespace)
         job = fetch_job(cluster, name, namespace)
-        if view.state(job) == api.JobState.COMPLETE.value:
+        if facts.state(job) == api.JobState.COMPLETE.value:
             out.note(
-                f"lmevaljob/{name} already finished ({view.reason(job) or 'Complete'}): "
+                f"lmevaljob/{name} already finished ({facts.reason(job) or 'Complete'}): "
                 f"nothing to {args.command}"
             )
             continue

@@ -32,7 +32,7 @@ from rich.progress import (
 
 from driver.protocol import MARKER_PREFIX
 from poller import api, podspec, timefmt
-from poller.cli import render, view
+from poller.cli import facts, render
 from poller.cli.client import Cluster, fetch_job
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.results import LOG_ARCHIVE_KEY, results_configmap_name
@@ -110,13 +110,13 @@ class LogCursor:
 
 def _pod_of(job: dict[str, Any]) -> str:
     meta = job["metadata"]
-    named = view.status(job).get("podName")
+    named = facts.status(job).get("podName")
     return str(named or podspec.pod_name(str(meta["name"]), str(meta["uid"])))
 
 
 def _archived_tail(cluster: Cluster, job: dict[str, Any]) -> tuple[str, str] | None:
     meta = job["metadata"]
-    name = str(view.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"]))
+    name = str(facts.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"]))
     try:
         found = cluster.get_configmap(name, str(meta["namespace"]))
     except ApiError as error:
@@ -170,7 +170,7 @@ def show_logs(
     name, namespace = str(meta["name"]), str(meta["namespace"])
     cursor, printed, first, waiting_said = LogCursor(), 0, True, ""
     while True:
-        finished = view.state(job) == api.JobState.COMPLETE.value
+        finished = facts.state(job) == api.JobState.COMPLETE.value
         pod = _pod_of(job)
         try:
             read_tail = (tail * _TAIL_SLACK + 100) if first and tail is not None else None
@@ -196,8 +196,8 @@ def show_logs(
                     )
                     return ExitCode.OK
                 if not follow or finished:
-                    raise _no_log(job, f"it has no pod (state {view.state(job)})") from error
-                why = f"waiting for the pod of {name} (state {view.state(job)})"
+                    raise _no_log(job, f"it has no pod (state {facts.state(job)})") from error
+                why = f"waiting for the pod of {name} (state {facts.state(job)})"
             elif error.status == 400:  # e.g. the container is waiting to start
                 if not follow or finished:
                     raise _no_log(job, error.message) from error
@@ -249,9 +249,9 @@ class _Display:
             self.progress.stop()
 
     def update(self, job: dict[str, Any]) -> None:
-        state = view.state(job)
-        percent = view.percent(job)
-        progress = view.status(job).get("progress") or {}
+        state = facts.state(job)
+        percent = facts.percent(job)
+        progress = facts.status(job).get("progress") or {}
         phase = ""
         if state == api.JobState.RUNNING.value and isinstance(progress, dict):
             phase = str(progress.get("phase") or "")
@@ -297,7 +297,7 @@ def follow_job(
     while True:
         job = fetch_job(cluster, name, namespace)
         seen(job)
-        if view.state(job) == api.JobState.COMPLETE.value:
+        if facts.state(job) == api.JobState.COMPLETE.value:
             return job, True
         if deadline is not None and time.monotonic() >= deadline:
             return job, False
@@ -323,16 +323,16 @@ def wait_job(
             cluster, name, namespace, timeout=timeout, interval=interval, seen=display.update
         )
     if not finished:
-        percent = view.progress_text(job)
+        percent = facts.progress_text(job)
         out.note(
             f"timed out after {_describe(timeout or 0)} waiting for lmevaljob/{name} to "
-            f"be {want} (state {view.state(job)}, progress {percent})"
+            f"be {want} (state {facts.state(job)}, progress {percent})"
         )
         return ExitCode.TIMEOUT
-    reason = view.reason(job)
-    message = str(view.status(job).get("message") or "")
+    reason = facts.reason(job)
+    message = str(facts.status(job).get("message") or "")
     if reason == api.JobReason.SUCCEEDED.value:
-        score = view.headline(job)
+        score = facts.headline(job)
         out.write(f"lmevaljob/{name} succeeded" + (f": {score}" if score != "-" else ""))
         return ExitCode.OK
     outcome = "was cancelled" if reason == api.JobReason.CANCELLED.value else "failed"

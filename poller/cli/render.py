@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from poller.cli import view
+from poller.cli import facts
 
 __all__ = [
     "Grid",
@@ -173,18 +173,18 @@ def jobs_grid(
         meta = job.get("metadata") or {}
         row = [
             str(meta.get("name")),
-            view.state(job),
-            view.reason(job) or "-",
-            view.progress_text(job),
-            view.age(meta.get("creationTimestamp"), now),
-            view.model_text(job),
-            view.tasks_text(job),
-            view.headline(job),
+            facts.state(job),
+            facts.reason(job) or "-",
+            facts.progress_text(job),
+            facts.age(meta.get("creationTimestamp"), now),
+            facts.model_text(job),
+            facts.tasks_text(job),
+            facts.headline(job),
         ]
         if all_namespaces:
             row.insert(0, str(meta.get("namespace")))
         if wide:
-            the_status = view.status(job)
+            the_status = facts.status(job)
             row += [
                 str(the_status.get("podName") or "-"),
                 _short(str(the_status.get("message") or "-")),
@@ -193,10 +193,16 @@ def jobs_grid(
     return headers, rows
 
 
-def scores_grid(rows: list[view.ScoreRow]) -> Grid:
+def scores_grid(rows: list[facts.ScoreRow]) -> Grid:
     headers = ["TASK", "METRIC", "FILTER", "VALUE", "STDERR"]
     return headers, [
-        [r.task, r.metric, r.filter, view.format_value(r.value), view.format_value(r.stderr)]
+        [
+            r.task,
+            r.metric,
+            r.filter,
+            facts.format_value(r.value),
+            facts.format_value(r.stderr),
+        ]
         for r in rows
     ]
 
@@ -212,23 +218,21 @@ def _kv_table(pairs: list[tuple[str, str]]) -> Table:
 
 def _status_pairs(job: dict[str, Any], now: dt.datetime) -> list[tuple[str, str]]:
     meta = job.get("metadata") or {}
-    the_status = view.status(job)
-    state = view.state(job)
-    reason = view.reason(job)
+    the_status = facts.status(job)
+    state = facts.state(job)
+    reason = facts.reason(job)
+    created = meta.get("creationTimestamp")
     pairs = [
         ("Name", str(meta.get("name"))),
         ("Namespace", str(meta.get("namespace"))),
-        (
-            "Created",
-            f"{meta.get('creationTimestamp')} ({view.age(meta.get('creationTimestamp'), now)} ago)",
-        ),
+        ("Created", f"{created} ({facts.age(created, now)} ago)"),
         ("State", f"{state} ({reason})" if reason else state),
     ]
     if the_status.get("message"):
         pairs.append(("Message", str(the_status["message"])))
     progress = the_status.get("progress") or {}
     if isinstance(progress, dict) and (progress.get("line") or progress.get("percent") is not None):
-        pairs.append(("Progress", str(progress.get("line") or view.progress_text(job))))
+        pairs.append(("Progress", str(progress.get("line") or facts.progress_text(job))))
     for label, key in (
         ("Pod", "podName"),
         ("Started", "startTime"),
@@ -247,10 +251,10 @@ def _conditions_grid(job: dict[str, Any], now: dt.datetime) -> Grid:
             str(c.get("type")),
             str(c.get("status")),
             str(c.get("reason") or "-"),
-            view.age(c.get("lastTransitionTime"), now),
+            facts.age(c.get("lastTransitionTime"), now),
             _short(str(c.get("message") or ""), 80),
         ]
-        for c in view.conditions(job)
+        for c in facts.conditions(job)
     ]
     return headers, rows
 
@@ -270,7 +274,7 @@ def _events_grid(events: list[dict[str, Any]], now: dt.datetime) -> Grid:
     ordered = sorted(events, key=_event_time)
     rows = [
         [
-            view.age(_event_time(e), now),
+            facts.age(_event_time(e), now),
             str(e.get("type") or "-"),
             str(e.get("reason") or "-"),
             _short(str(e.get("message") or ""), 80),
@@ -288,7 +292,7 @@ def details(
 ) -> list[Any]:
     """The renderables of `lmeval get NAME`, in order."""
     parts: list[Any] = [_kv_table(_status_pairs(job, now)), Text(""), Text("Spec:", style="bold")]
-    parts.append(_kv_table([("  " + k, v) for k, v in view.spec_summary(job)]))
+    parts.append(_kv_table([("  " + k, v) for k, v in facts.spec_summary(job)]))
     parts += [Text(""), Text("Conditions:", style="bold")]
     cond = _conditions_grid(job, now)
     parts.append(grid_table(cond) if cond[1] else Text("  <none>"))
@@ -299,14 +303,14 @@ def details(
         grid = _events_grid(events, now)
         parts.append(grid_table(grid) if grid[1] else Text("  <none>"))
     parts += [Text(""), Text("Results:", style="bold")]
-    results = view.job_results(job)
-    rows = view.score_rows(results, view.spec(job).get("tasks")) if results else []
+    results = facts.job_results(job)
+    rows = facts.score_rows(results, facts.spec(job).get("tasks")) if results else []
     if rows:
         parts.append(grid_table(scores_grid(rows), right=("VALUE", "STDERR")))
-        if view.status(job).get("resultsReduced"):
+        if facts.status(job).get("resultsReduced"):
             parts.append(
                 Text("  (status holds reduced results; `lmeval results -o json` reads all)")
             )
     else:
-        parts.append(Text("  <none yet>" if view.state(job) != "Complete" else "  <none>"))
+        parts.append(Text("  <none yet>" if facts.state(job) != "Complete" else "  <none>"))
     return parts

@@ -55,7 +55,7 @@ from rich.table import Table
 
 from driver.decoder import decode_text
 from poller import api, podspec
-from poller.cli import view
+from poller.cli import facts
 from poller.cli.client import Cluster
 from poller.cli.errors import ApiError, CliError
 from poller.cli.follow import follow_job
@@ -201,7 +201,7 @@ class _StateLines:
 
     def __call__(self, job: dict[str, Any]) -> None:
         self.processes.check()
-        status = view.status(job)
+        status = facts.status(job)
         state = status.get("state") or "New"
         reason = status.get("reason") or ""
         message = status.get("message") or ""
@@ -274,7 +274,7 @@ def follow(
             raise DemoError(error.message) from error
     if not finished:
         raise DemoError(f"the job did not finish within {timeout:.0f} s")
-    return view.status(job)
+    return facts.status(job)
 
 
 def log_tail(cluster: Cluster, pod: str, lines: int = 15) -> str:

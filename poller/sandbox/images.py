@@ -49,10 +49,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 PAUSE_SOURCE = REPO_ROOT / "deploy" / "sandbox" / "node" / "pause.c"
+MODEL_SERVER_SOURCE = Path(__file__).resolve().with_name("model_server.py")
+MODEL_SERVER_PATH = "/opt/lmeval-model-server/model_server.py"  # in its image
 
-FORMAT = 2  # bump when this module changes what it builds
+FORMAT = 3  # bump when this module changes what it builds
 TAG = "dev"
-IMAGE_NAMES = ("poller", "job", "driver", "pause", "plain")
+IMAGE_NAMES = ("poller", "job", "driver", "pause", "plain", "model_server")
 REFS = {
     "poller": f"lmeval-poller/lmeval-poller:{TAG}",
     "job": f"lmeval-poller/lmeval-job:{TAG}",
@@ -61,6 +63,10 @@ REFS = {
     # Not a Dockerfile target: the job image without our wheel (no driver),
     # "any image with Python and lm-eval" for the driver-image path's test.
     "plain": f"lmeval-poller/lm-eval-plain:{TAG}",
+    # Not a Dockerfile target either: the sample model server
+    # (poller/sandbox/model_server.py, standard library only) on the Python
+    # base, the job pods' sidecar in tests/node and `run --node real`.
+    "model_server": f"lmeval-poller/model-server:{TAG}",
 }
 PYTHON_BASE = "localhost/lmeval-base/python:3.11-bookworm"
 BUSYBOX_BASE = "localhost/lmeval-base/busybox:bookworm"
@@ -98,7 +104,7 @@ class ImageBuildError(RuntimeError):
 class Image:
     """One exported image: its OCI archive and the reference stored in it."""
 
-    name: str  # poller, job, driver, pause or plain
+    name: str  # one of IMAGE_NAMES
     ref: str  # e.g. lmeval-poller/lmeval-job:dev (no registry host)
     archive: Path
     size_bytes: int  # the layers, uncompressed
@@ -107,7 +113,7 @@ class Image:
 
 @dataclass(frozen=True)
 class ImageSet:
-    """The five images of one key, and what building them cost (cold)."""
+    """The six images of one key, and what building them cost (cold)."""
 
     directory: Path
     key: str
@@ -116,10 +122,11 @@ class ImageSet:
     driver: Image
     pause: Image
     plain: Image
+    model_server: Image
     build_seconds: dict[str, float]
 
     def all(self) -> tuple[Image, ...]:
-        return (self.poller, self.job, self.driver, self.pause, self.plain)
+        return (self.poller, self.job, self.driver, self.pause, self.plain, self.model_server)
 
 
 # -- the keys ------------------------------------------------------------------------------
@@ -187,7 +194,7 @@ def base_key() -> str:
 
 def images_key() -> str:
     """A hash of every input of the images (see the module's docstring)."""
-    files = sorted({DOCKERFILE, DOCKERIGNORE, PAUSE_SOURCE, *context_files()})
+    files = sorted({DOCKERFILE, DOCKERIGNORE, PAUSE_SOURCE, MODEL_SERVER_SOURCE, *context_files()})
     items = [(p.relative_to(REPO_ROOT).as_posix(), p.read_bytes()) for p in files]
     items += [("refs", " ".join(REFS.values()).encode()), ("base", base_key().encode())]
     return _hash(items)
@@ -354,7 +361,7 @@ def _bud(target: str, work: Path, log: Path) -> None:
 
 
 def _plain(_: Path, log: Path) -> None:
-    """lm-eval without the driver: the job image with our wheel uninstalled."""
+    """lm-eval without the driver: the job image with the driver's distribution uninstalled."""
     container = _run(
         ["buildah", "from", "--quiet", "--pull-never", f"localhost/{REFS['job']}"],
         log,
@@ -362,7 +369,7 @@ def _plain(_: Path, log: Path) -> None:
     ).strip()
     try:
         run = ["buildah", "run", "--isolation", "chroot", "--user", "0:0", container, "--"]
-        _run([*run, "pip", "uninstall", "--yes", "--quiet", "lmeval-poller"], log)
+        _run([*run, "pip", "uninstall", "--yes", "--quiet", "lmeval-driver"], log)
         # Prove it: the driver is gone, lm_eval is there.
         _run(
             [
@@ -378,6 +385,22 @@ def _plain(_: Path, log: Path) -> None:
             ["buildah", "config", "--cmd", '["python", "-m", "lm_eval", "--help"]', container], log
         )
         _run(["buildah", "commit", "--quiet", container, f"localhost/{REFS['plain']}"], log)
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True)
+
+
+def _model_server(_: Path, log: Path) -> None:
+    """The sample model server alone on the Python base: one file, run as UID 1001."""
+    container = _run(
+        ["buildah", "from", "--quiet", "--pull-never", PYTHON_BASE], log, capture=True
+    ).strip()
+    try:
+        copy = ["buildah", "copy", "--quiet", "--chmod", "0644", container]
+        _run([*copy, str(MODEL_SERVER_SOURCE), MODEL_SERVER_PATH], log)
+        config = ["buildah", "config", "--user", "1001:0", "--workingdir", "/"]
+        config += ["--entrypoint", json.dumps(["python", MODEL_SERVER_PATH]), "--cmd", "[]"]
+        _run([*config, container], log)
+        _run(["buildah", "commit", "--quiet", container, f"localhost/{REFS['model_server']}"], log)
     finally:
         subprocess.run(["buildah", "rm", container], capture_output=True)
 
@@ -409,7 +432,7 @@ def _build(key: str, directory: Path, log: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="lmeval-images-") as tmp:
         work = Path(tmp)
         steps = {"python-base": _python_base, "busybox-base": _busybox_base, "pause": _pause}
-        derived = {"plain": _plain}
+        derived = {"plain": _plain, "model_server": _model_server}
         for step in [*steps, "job", "poller", "driver", *derived]:
             print(f"  {step} ...", file=sys.stderr)
             started = time.monotonic()

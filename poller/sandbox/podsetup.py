@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes import client
 
 from poller import apierrors
-from poller.rawapi import send
+from poller.cli.rawapi import send
 from poller.sandbox.localproc import Container, LocalPod
 from poller.sandbox.podfs import (
     ConfigError,

@@ -48,23 +48,16 @@ SETTINGS = {"poll-interval": "1s", "progress-interval": "2s"}
 
 
 def model_server_sidecar(image: str, *, delay: str = "") -> dict[str, Any]:
-    """The sample model server as a sidecar of the job pod, from `image` (the job image),
-    on the port the sample's ``base_url`` names; `delay` slows each answer (seconds)."""
-    command = [
-        "python",
-        "-m",
-        "poller.sandbox.model_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(demo.MODEL_SERVER_PORT),
-    ]
+    """The sample model server as a sidecar of the job pod, from `image` (the
+    model-server image, images.py), on the port the sample's ``base_url`` names;
+    `delay` slows each answer (seconds)."""
+    args = ["--host", "127.0.0.1", "--port", str(demo.MODEL_SERVER_PORT)]
     if delay:
-        command += ["--delay", delay]
-    return {"name": "model", "image": image, "command": command}
+        args += ["--delay", delay]
+    return {"name": "model", "image": image, "args": args}
 
 
-def real_node_documents(sample: str, job_image: str) -> list[dict[str, Any]]:
+def real_node_documents(sample: str, model_server_image: str) -> list[dict[str, Any]]:
     """The sample as a user would apply it: no placement; the model server as a sidecar."""
     documents = copy.deepcopy(demo.sample_documents(sample, demo.MODEL_SERVER_PORT))
     for document in documents:
@@ -73,7 +66,7 @@ def real_node_documents(sample: str, job_image: str) -> list[dict[str, Any]]:
         spec = document["spec"]
         spec.pop("pod", None)
         if spec.get("model") == "local-completions":
-            spec["pod"] = {"sidecars": [model_server_sidecar(job_image)]}
+            spec["pod"] = {"sidecars": [model_server_sidecar(model_server_image)]}
     return documents
 
 
@@ -119,7 +112,7 @@ def run_on_real_node(options: demo.DemoOptions, console: Console) -> int:
                 settings={**SETTINGS, "pod-image": refs["job"]},
             )
             apply_job_namespace(plane, options.workdir / "namespace", demo.DEMO_NAMESPACE)
-        documents = real_node_documents(options.sample, refs["job"])
+        documents = real_node_documents(options.sample, refs["model_server"])
         job_name = next(d["metadata"]["name"] for d in documents if d.get("kind") == api.KIND)
         plane.kubectl(
             "apply",

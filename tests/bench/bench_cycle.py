@@ -9,7 +9,7 @@ settings, creates N LMEvalJobs with their pods on kwok nodes in a mix of
 states, and reports per N:
 
 * **cycle / floor**: wall time of the real poller's cycle (in-process
-  ``Poller.run_cycle`` as the poller's ServiceAccount), median and p95 over
+  ``Reconciler.run_cycle`` as the poller's ServiceAccount), median and p95 over
   idle cycles, against a minimal client that GETs and ``json.loads`` the same
   LIST pages back to back (the floor the apiserver and JSON impose), measured
   alternately in the same run. Their ratio of medians is the headline; the
@@ -83,13 +83,13 @@ sys.path.append(str(REPO_ROOT))
 
 from driver import protocol  # noqa: E402
 from poller import api, podspec  # noqa: E402
-from poller.crd import CRD_PATH  # noqa: E402
-from poller.cycle import Poller  # noqa: E402
 from poller.kube import PAGE_SIZE, Kube  # noqa: E402
 from poller.observe import MANAGED_SELECTOR  # noqa: E402
+from poller.reconciler import Reconciler  # noqa: E402
 from poller.sandbox import kwok  # noqa: E402
 from poller.sandbox.components import free_port  # noqa: E402
 from poller.sandbox.controlplane import ControlPlane  # noqa: E402
+from poller.sandbox.crd import CRD_PATH  # noqa: E402
 from poller.sandbox.identities import service_account_kubeconfig  # noqa: E402
 from poller.settings import CONFIGMAP_NAME, Settings  # noqa: E402
 from poller.transport import ApiTransport  # noqa: E402
@@ -509,7 +509,7 @@ class Bench:
             user_agent="bench-floor",
         )
         self.poller_api = ApiTransport.from_kubeconfig(self.sa_kubeconfig)
-        self.poller = Poller(Kube(self.poller_api), settings_namespace=POLLER_NS)
+        self.poller = Reconciler(Kube(self.poller_api), settings_namespace=POLLER_NS)
         # The poller's own key (made now, in its Secret), so that the pods the
         # benchmark makes in its stead carry the proof of origin it checks.
         self.proof = self.poller.pod_proof()
@@ -701,7 +701,7 @@ class Bench:
             time.sleep(2)
 
     def settle(self, max_cycles: int = 40) -> int:
-        """Poller cycles until one writes nothing; returns the cycles run."""
+        """Reconciler cycles until one writes nothing; returns the cycles run."""
         # Read every running job's progress once, now, not during the measurements
         # (1000 a cycle: the setting's upper bound).
         self.put_settings(**{"progress-reads-per-cycle": "1000"})

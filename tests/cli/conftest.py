@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 
@@ -93,7 +93,7 @@ def cli(poller_installed: ControlPlane, job_namespace: str) -> Cli:
 class BackgroundPoller:
     """The poller cycling in a thread, for CLI processes that poll on their own."""
 
-    poller: Poller
+    poller: Reconciler
     stop: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
 
@@ -105,7 +105,7 @@ class BackgroundPoller:
 
 
 @pytest.fixture
-def background_poller(poller: Poller) -> Iterator[BackgroundPoller]:
+def background_poller(poller: Reconciler) -> Iterator[BackgroundPoller]:
     runner = BackgroundPoller(poller)
     thread = threading.Thread(target=runner._loop, name="poller", daemon=True)
     thread.start()
@@ -115,7 +115,7 @@ def background_poller(poller: Poller) -> Iterator[BackgroundPoller]:
     assert not runner.errors, runner.errors
 
 
-def pod_when(poller: Poller | None, jobs: Jobs, name: str, state: str = "Running") -> str:
+def pod_when(poller: Reconciler | None, jobs: Jobs, name: str, state: str = "Running") -> str:
     """The job's pod once the job is in `state` (stepping `poller` if given)."""
 
     def probe() -> str | None:
@@ -135,7 +135,7 @@ def pod_when(poller: Poller | None, jobs: Jobs, name: str, state: str = "Running
 
 
 def finish(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     name: str,

@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from driver.protocol import MARKER_PREFIX, encode_marker
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from poller.sandbox import kwok
 from tests.cli.conftest import BackgroundPoller, Cli, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
@@ -34,7 +34,7 @@ def _visible(text: str) -> list[str]:
 
 def test_logs_hide_markers_unless_raw(
     cli: Cli,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,
@@ -95,7 +95,7 @@ def test_logs_follow_prints_new_lines_once_and_ends_with_the_job(
 
 def test_logs_after_cancel_come_from_the_archive(
     cli: Cli,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,

@@ -27,7 +27,7 @@ import pytest
 from kubernetes import client
 
 from poller import api
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from tests.cli.conftest import BackgroundPoller, Cli, cli_env, finish, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 
@@ -71,7 +71,7 @@ def _complete_with(jobs: Jobs, name: str, results: dict) -> None:
 
 def test_results_in_every_format_and_compare(
     cli: Cli,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,
@@ -216,7 +216,7 @@ def test_wait_draws_a_progress_bar_on_a_terminal(cli: Cli, jobs: Jobs, tmp_path:
     assert "lmevaljob/drawn succeeded: acc=0.5000" in screen
 
 
-def test_suspend_and_resume_patch_the_spec(cli: Cli, poller: Poller, jobs: Jobs) -> None:
+def test_suspend_and_resume_patch_the_spec(cli: Cli, poller: Reconciler, jobs: Jobs) -> None:
     jobs.create("pausable")
     pod_when(poller, jobs, "pausable")
 

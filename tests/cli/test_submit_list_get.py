@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client
 
 from poller import api
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from tests.cli.conftest import Cli, finish
 from tests.poller_fixtures import CapturedRun, Jobs
 
@@ -173,7 +173,7 @@ def test_invalid_values_are_refused_naming_field_and_flag(
 
 def test_list_shows_state_progress_and_score(
     cli: Cli,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,
@@ -236,7 +236,7 @@ def test_list_shows_state_progress_and_score(
 
 def test_get_shows_spec_conditions_events_and_results(
     cli: Cli,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,

@@ -18,7 +18,7 @@ import json
 import pytest
 
 from poller import api
-from poller.cli import follow, submit, view
+from poller.cli import facts, follow, submit
 from poller.cli.client import split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain, suggest
 
@@ -73,19 +73,19 @@ def test_scores_and_headline() -> None:
             },
         }
     }
-    rows = view.score_rows(results, ["b_task", "a_task"])
+    rows = facts.score_rows(results, ["b_task", "a_task"])
     assert [(r.task, r.metric, r.filter, r.value, r.stderr) for r in rows] == [
         ("b_task", "exact_match", "strict-match", 1, "N/A"),
         ("a_task", "acc", "none", 0.5, 0.1),
     ]
     job = _job(state="Complete", reason="Succeeded", results=json.dumps(results))
-    assert view.headline(job) == "exact_match[strict-match]=1"
-    assert view.progress_text(job) == "100%"
-    assert view.model_text(job) == "hf (gpt2)"
-    assert view.headline(_job()) == "-"
-    assert view.state(_job()) == "New" and view.progress_text(_job()) == "-"
+    assert facts.headline(job) == "exact_match[strict-match]=1"
+    assert facts.progress_text(job) == "100%"
+    assert facts.model_text(job) == "hf (gpt2)"
+    assert facts.headline(_job()) == "-"
+    assert facts.state(_job()) == "New" and facts.progress_text(_job()) == "-"
     old_style = {"results": {"t": {"acc": 0.25, "acc_stderr": 0.01, "alias": "t"}}}
-    assert [(r.metric, r.stderr) for r in view.score_rows(old_style)] == [("acc", None)]
+    assert [(r.metric, r.stderr) for r in facts.score_rows(old_style)] == [("acc", None)]
 
 
 @pytest.mark.parametrize(
@@ -104,8 +104,8 @@ def test_scores_and_headline() -> None:
 def test_age(seconds: int, text: str) -> None:
     now = dt.datetime(2026, 1, 30, tzinfo=dt.UTC)
     stamp = (now - dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    assert view.age(stamp, now) == text
-    assert view.age(None, now) == "-"
+    assert facts.age(stamp, now) == text
+    assert facts.age(None, now) == "-"
 
 
 def test_split_ref() -> None:

@@ -21,8 +21,8 @@ import pytest
 from kubernetes import client
 
 from poller import api, podspec, tasksnapshot
-from poller.cycle import Poller
-from poller.model import JobView
+from poller.reconciler import Reconciler
+from poller.views import JobView
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
 from tests.waiting import wait_for
 
@@ -51,7 +51,7 @@ def _configmaps(jobs: Jobs) -> dict[str, client.V1ConfigMap]:
     return {c.metadata.name: c for c in jobs.core.list_namespaced_config_map(jobs.namespace).items}
 
 
-def _finished(poller: Poller, jobs: Jobs, name: str) -> dict[str, Any]:
+def _finished(poller: Reconciler, jobs: Jobs, name: str) -> dict[str, Any]:
     status: dict[str, Any] = cycle_until(
         poller,
         lambda: jobs.status(name).get("state") == "Complete" and jobs.status(name),
@@ -60,7 +60,7 @@ def _finished(poller: Poller, jobs: Jobs, name: str) -> dict[str, Any]:
     return status
 
 
-def _pod_name(poller: Poller, jobs: Jobs, name: str) -> str:
+def _pod_name(poller: Reconciler, jobs: Jobs, name: str) -> str:
     pod: str = cycle_until(poller, lambda: jobs.status(name).get("podName"), what=f"{name} pod")
     return pod
 
@@ -69,7 +69,7 @@ def _snapshot_name(jobs: Jobs, job: str, source: str) -> str:
     return podspec.task_snapshot_name(job, jobs.get(job)["metadata"]["uid"], source)
 
 
-def test_task_code_fails_before_any_pod_exists(poller: Poller, jobs: Jobs) -> None:
+def test_task_code_fails_before_any_pod_exists(poller: Reconciler, jobs: Jobs) -> None:
     _configmap(jobs, "code-tasks", {"task.yaml": CODE_TASK, "utils.py": UTILS})
     _configmap(jobs, "plain-tasks", {"task.yaml": PLAIN_TASK, "data.jsonl": "{}\n"})
     jobs.create(
@@ -107,7 +107,7 @@ def test_task_code_fails_before_any_pod_exists(poller: Poller, jobs: Jobs) -> No
 
 
 def test_code_runs_with_both_switches_from_an_immutable_snapshot(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     set_settings(admin_api, {**BASE_SETTINGS, "allow-code-execution": "true"})
     _configmap(jobs, "code-tasks", {"task.yaml": CODE_TASK, "utils.py": UTILS})
@@ -166,7 +166,7 @@ def test_code_runs_with_both_switches_from_an_immutable_snapshot(
     )
 
 
-def test_a_squatted_snapshot_name_fails_the_job_naming_it(poller: Poller, jobs: Jobs) -> None:
+def test_a_squatted_snapshot_name_fails_the_job_naming_it(poller: Reconciler, jobs: Jobs) -> None:
     _configmap(jobs, "plain-tasks", {"task.yaml": PLAIN_TASK, "data.jsonl": "{}\n"})
     jobs.create("squatted", customTasks=[{"configMap": "plain-tasks"}])
     forged = jobs.create("forged", customTasks=[{"configMap": "plain-tasks"}])

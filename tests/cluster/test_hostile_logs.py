@@ -24,7 +24,7 @@ from kubernetes import client
 
 from driver.protocol import encode_marker, encode_results
 from poller import api
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from poller.sandbox import kwok
 from tests import hostile_logs
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings, terminate
@@ -63,7 +63,7 @@ def serve(
     return path
 
 
-def running_pod(poller: Poller, jobs: Jobs, name: str, **spec: object) -> str:
+def running_pod(poller: Reconciler, jobs: Jobs, name: str, **spec: object) -> str:
     jobs.create(name, **spec)
     return str(
         cycle_until(
@@ -74,7 +74,7 @@ def running_pod(poller: Poller, jobs: Jobs, name: str, **spec: object) -> str:
     )
 
 
-def finish_within(poller: Poller, jobs: Jobs, name: str, cycles: int) -> dict[str, object]:
+def finish_within(poller: Reconciler, jobs: Jobs, name: str, cycles: int) -> dict[str, object]:
     """Run at most `cycles` cycles, none with an error, until the job is Complete."""
     for _ in range(cycles):
         report = poller.run_cycle()
@@ -138,7 +138,7 @@ HOSTILE: dict[str, tuple[Callable[[], str], str, int]] = {
 
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_log_fails_the_job_in_a_few_cycles_with_the_reason(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path, case: str
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path, case: str
 ) -> None:
     make, words, split = HOSTILE[case]
     pod = running_pod(poller, jobs, case)
@@ -153,7 +153,7 @@ def test_a_hostile_log_fails_the_job_in_a_few_cycles_with_the_reason(
 
 
 def test_long_lines_before_the_results_are_skipped_by_the_narrow_window(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path
 ) -> None:
     # A long run's tqdm redraws end in one newline: megabytes of one "line",
     # then lm_eval's table and the driver's markers.
@@ -170,7 +170,7 @@ def test_long_lines_before_the_results_are_skipped_by_the_narrow_window(
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "1e999"])
 def test_nan_progress_never_reaches_status_and_the_job_completes(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path, value: str
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path, value: str
 ) -> None:
     set_settings(admin_api, {**BASE_SETTINGS, "progress-interval": "1s"})
     name = f"nan-{value.lower()}"
@@ -195,7 +195,7 @@ def test_nan_progress_never_reaches_status_and_the_job_completes(
 
 
 def test_an_admin_written_deep_status_results_does_not_stop_the_ttl(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path
 ) -> None:
     pod = running_pod(poller, jobs, "poisoned", ttlSecondsAfterFinished=3)
     serve(admin_api, jobs.namespace, pod, "Traceback: boom\n", tmp_path)
@@ -230,7 +230,7 @@ def _terminated(jobs: Jobs, pod: str) -> bool:
 
 
 def test_an_exec_results_file_over_the_limit_is_not_read_and_the_log_is_used(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     tmp_path: Path,

@@ -18,7 +18,7 @@ import time
 import pytest
 from kubernetes import client
 
-from poller.cycle import CycleReport, Poller
+from poller.reconciler import CycleReport, Reconciler
 from poller.service import PollingService
 from poller.settings import MAX_PROBLEMS_LISTED
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings, terminate
@@ -50,7 +50,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_job_runs_its_course_while_a_setting_is_hostile(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, case: str
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, case: str
 ) -> None:
     set_settings(admin_api, GOOD)
     good = poller.refresh_settings()
@@ -82,7 +82,7 @@ def test_a_job_runs_its_course_while_a_setting_is_hostile(
 
 
 def test_the_service_keeps_cycling_at_the_last_good_interval(
-    poller: Poller, admin_api: client.ApiClient
+    poller: Reconciler, admin_api: client.ApiClient
 ) -> None:
     set_settings(admin_api, GOOD)
     starts: list[float] = []

@@ -23,8 +23,8 @@ from kubernetes import client
 
 from driver.protocol import encode_marker
 from poller import api
-from poller.cycle import Poller
 from poller.kube import Kube, LogTail
+from poller.reconciler import Reconciler
 from poller.results import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
@@ -44,7 +44,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.cluster
 
 
-def _complete(poller: Poller, jobs: Jobs, name: str, timeout: float = 30) -> dict:
+def _complete(poller: Reconciler, jobs: Jobs, name: str, timeout: float = 30) -> dict:
     return cycle_until(
         poller,
         lambda: jobs.status(name).get("state") == "Complete" and jobs.status(name),
@@ -53,7 +53,7 @@ def _complete(poller: Poller, jobs: Jobs, name: str, timeout: float = 30) -> dic
     )
 
 
-def _pod_of(poller: Poller, jobs: Jobs, name: str, running: bool = True) -> str:
+def _pod_of(poller: Reconciler, jobs: Jobs, name: str, running: bool = True) -> str:
     def probe() -> str | None:
         status = jobs.status(name)
         wanted = "Running" if running else "Scheduled"
@@ -105,7 +105,7 @@ def _settings(admin_api: client.ApiClient, **extra: str) -> None:
     ],
 )
 def test_pending_too_long_fails_with_the_cause(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     annotations: dict,
@@ -129,7 +129,7 @@ def test_pending_too_long_fails_with_the_cause(
 
 
 def test_waiting_within_timeout_never_fails(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     _settings(admin_api, **{"pod-pending-timeout": "10m"})
     jobs.create("patient", annotations={kwok.ANNOTATION_WAITING_REASON: "ContainerCreating"})
@@ -147,7 +147,7 @@ def test_waiting_within_timeout_never_fails(
     [(137, "OOMKilled", "OOMKilled"), (143, "Error", "killed by signal 15 (SIGTERM)")],
 )
 def test_killed_containers_are_reported_as_such(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     code: int,
@@ -163,7 +163,7 @@ def test_killed_containers_are_reported_as_such(
 
 
 def test_deleted_pod_fails_and_is_never_recreated(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     jobs.create("orphan")
     pod = _pod_of(poller, jobs, "orphan")
@@ -177,7 +177,7 @@ def test_deleted_pod_fails_and_is_never_recreated(
 
 
 def test_evicted_pod_fails_with_the_eviction_message(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     jobs.create("evicted")
     pod = _pod_of(poller, jobs, "evicted")
@@ -198,7 +198,7 @@ def test_evicted_pod_fails_with_the_eviction_message(
 
 
 def test_cancel_deletes_the_pod_and_archives_its_log(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,
@@ -228,7 +228,7 @@ def test_cancel_deletes_the_pod_and_archives_its_log(
 
 
 def test_seed_style_cancel_is_honoured(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     jobs.create("seed-cancel")
     _pod_of(poller, jobs, "seed-cancel")
@@ -245,7 +245,7 @@ def test_seed_style_cancel_is_honoured(
     cycle_until(poller, lambda: not jobs.pods(), what="pod deleted")
 
 
-def test_suspend_and_resume(poller: Poller, jobs: Jobs, admin_api: client.ApiClient) -> None:
+def test_suspend_and_resume(poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient) -> None:
     jobs.create("pausable")
     first = _pod_of(poller, jobs, "pausable")
     first_uid = jobs.pod(first).metadata.uid
@@ -281,7 +281,7 @@ def test_suspend_and_resume(poller: Poller, jobs: Jobs, admin_api: client.ApiCli
     assert {"Suspended", "Resumed"} <= _events(admin_api, jobs.namespace, "pausable")
 
 
-def test_active_deadline(poller: Poller, jobs: Jobs, admin_api: client.ApiClient) -> None:
+def test_active_deadline(poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient) -> None:
     jobs.create("slow", activeDeadlineSeconds=2)
     _pod_of(poller, jobs, "slow")
     final = _complete(poller, jobs, "slow")
@@ -296,7 +296,7 @@ def test_active_deadline(poller: Poller, jobs: Jobs, admin_api: client.ApiClient
 
 
 def test_ttl_deletes_the_finished_job_and_what_it_owns(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,
@@ -329,7 +329,7 @@ def test_ttl_deletes_the_finished_job_and_what_it_owns(
 
 
 def test_progress_reaches_status(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, tmp_path: Path
 ) -> None:
     _settings(admin_api, **{"progress-interval": "1s"})
     jobs.create("busy")
@@ -382,7 +382,7 @@ class _RecordingKube(Kube):
 
 
 def test_progress_reads_are_capped_and_wait_for_transitions(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, namespace: str, tmp_path: Path
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     _settings(admin_api, **{"progress-interval": "1h", "progress-reads-per-cycle": "1"})
     pods = {}
@@ -406,7 +406,7 @@ def test_progress_reads_are_capped_and_wait_for_transitions(
     )
     # A fresh poller: every running job is due a progress read, one is allowed.
     kube = _RecordingKube(poller.kube)
-    fresh = Poller(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
+    fresh = Reconciler(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
     report = fresh.run_cycle()
     assert report.errors == 0, report.error_messages
     assert jobs.status("z-done")["state"] == "Complete"
@@ -422,7 +422,7 @@ def test_progress_reads_are_capped_and_wait_for_transitions(
     assert kube.calls == [("log", pods["p-b"]), ("patch", "p-b")]
 
 
-def test_missing_custom_task_configmap_fails_clearly(poller: Poller, jobs: Jobs) -> None:
+def test_missing_custom_task_configmap_fails_clearly(poller: Reconciler, jobs: Jobs) -> None:
     jobs.create("no-tasks", customTasks=[{"configMap": "my-tasks"}])
     jobs.create("fine")
     final = _complete(poller, jobs, "no-tasks")
@@ -455,7 +455,7 @@ def test_queue_caps_running_jobs_fifo_across_namespaces(
                 lambda ns=ns: core.list_namespaced_service_account(ns).items, what="default SA"
             )
         _settings(admin_api, **{"max-running-jobs": "2"})
-        poller = Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=namespaces)
+        poller = Reconciler(poller_kube, settings_namespace=POLLER_NS, namespaces=namespaces)
         first, second = Jobs(admin_api, namespaces[0]), Jobs(admin_api, namespaces[1])
         order = [(first, "q1"), (first, "q2"), (first, "q3"), (second, "q4"), (second, "q5")]
         for jobs, name in order:
@@ -525,7 +525,7 @@ def _serve_exec(admin_api: client.ApiClient, namespace: str, pod: str, work_dir:
 
 @pytest.mark.parametrize("exec_works", [True, False])
 def test_exec_results_match_log_results(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,

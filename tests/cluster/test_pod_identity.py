@@ -23,7 +23,7 @@ scores:
   the next poller adopts that pod (proof for the next attempt) instead of
   failing or making a second one (the audit log counts one creation);
 - the key that proves origin lives in the poller's Secret and survives
-  restarts: a second Poller trusts the first one's pods;
+  restarts: a second Reconciler trusts the first one's pods;
 - upgrade: a running job whose pod an older poller made (no proof) before the
   key existed keeps running and finishes; a proof-less pod made after the
   key existed is refused.
@@ -42,11 +42,11 @@ from kubernetes import client
 
 from driver.protocol import encode_marker, encode_results
 from poller import podspec, results
-from poller.cycle import Poller
 from poller.identity import KEY_FIELD, KEY_SECRET
 from poller.kube import Kube
-from poller.model import PROOF_ANNOTATION
+from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
+from poller.views import PROOF_ANNOTATION
 from tests.poller_fixtures import (
     POLLER_NS,
     CapturedRun,
@@ -106,7 +106,7 @@ def _claiming_pod(
     }
 
 
-def _running(poller: Poller, jobs: Jobs, name: str) -> str:
+def _running(poller: Reconciler, jobs: Jobs, name: str) -> str:
     status = cycle_until(
         poller,
         lambda: jobs.status(name).get("state") == "Running" and jobs.status(name),
@@ -115,7 +115,7 @@ def _running(poller: Poller, jobs: Jobs, name: str) -> str:
     return str(status["podName"])
 
 
-def _complete(poller: Poller, jobs: Jobs, name: str) -> dict[str, Any]:
+def _complete(poller: Reconciler, jobs: Jobs, name: str) -> dict[str, Any]:
     return cycle_until(
         poller,
         lambda: jobs.status(name).get("state") == "Complete" and jobs.status(name),
@@ -132,7 +132,7 @@ def _wait_pod_running(core: client.CoreV1Api, namespace: str, name: str) -> None
 
 
 def test_a_claiming_pod_beside_the_real_one_is_ignored(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,
@@ -183,7 +183,7 @@ def test_a_claim_from_another_namespace_is_ignored(
         name = podspec.pod_name("faraway", job["metadata"]["uid"])
         # The exact pod name, labels and owner, in the wrong namespace.
         core.create_namespaced_pod(other, _claiming_pod(name, other, job))
-        both = Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=[namespace, other])
+        both = Reconciler(poller_kube, settings_namespace=POLLER_NS, namespaces=[namespace, other])
         cycle_until(
             both,
             lambda: jobs.status("faraway").get("state") in ("Scheduled", "Running"),
@@ -197,7 +197,7 @@ def test_a_claim_from_another_namespace_is_ignored(
 
 @pytest.mark.parametrize("labelled", [True, False], ids=["labelled", "unlabelled"])
 def test_a_pod_squatting_the_job_pod_name_fails_the_job_naming_it(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, labelled: bool
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, labelled: bool
 ) -> None:
     job = jobs.create("squatted")
     name = podspec.pod_name("squatted", job["metadata"]["uid"])
@@ -219,7 +219,7 @@ def test_a_pod_squatting_the_job_pod_name_fails_the_job_naming_it(
 
 
 def test_a_replaced_pod_with_a_copied_proof_is_refused(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     job = jobs.create("replaced")
     name = _running(poller, jobs, "replaced")
@@ -241,7 +241,7 @@ def test_a_replaced_pod_with_a_copied_proof_is_refused(
 
 
 def test_a_squatted_results_configmap_is_never_overwritten(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,
@@ -279,14 +279,14 @@ class _DiesAfterCreatingPods(Kube):
 
 def test_a_poller_that_dies_between_pod_and_status_is_followed_by_one_that_adopts(
     poller_kube: Kube,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     control_plane: ControlPlane,
 ) -> None:
     mark = control_plane.audit.mark()
     job = jobs.create("crashy")
-    dying = Poller(
+    dying = Reconciler(
         _DiesAfterCreatingPods(poller_kube.transport),
         settings_namespace=POLLER_NS,
         namespaces=[jobs.namespace],
@@ -316,7 +316,7 @@ def test_a_poller_that_dies_between_pod_and_status_is_followed_by_one_that_adopt
 
 
 def test_the_key_is_kept_in_the_poller_secret(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, poller_kube: Kube
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, poller_kube: Kube
 ) -> None:
     jobs.create("keyed")
     name = _running(poller, jobs, "keyed")
@@ -325,7 +325,7 @@ def test_the_key_is_kept_in_the_poller_secret(
     proof = jobs.pod(name).metadata.annotations[PROOF_ANNOTATION]
     assert proof.startswith("v1.1.")
     # Another poller process (new object, key read from the Secret) trusts the pod.
-    again = Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=[jobs.namespace])
+    again = Reconciler(poller_kube, settings_namespace=POLLER_NS, namespaces=[jobs.namespace])
     report = again.run_cycle()
     assert report.errors == 0
     assert jobs.status("keyed")["state"] == "Running"
@@ -361,7 +361,7 @@ def test_an_upgrade_keeps_the_pods_an_older_poller_made(
     # The upgrade: the new poller's key is made after that pod.
     with contextlib.suppress(client.exceptions.ApiException):
         core.delete_namespaced_secret(KEY_SECRET, POLLER_NS)
-    upgraded = Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=[jobs.namespace])
+    upgraded = Reconciler(poller_kube, settings_namespace=POLLER_NS, namespaces=[jobs.namespace])
     status = cycle_until(
         upgraded,
         lambda: jobs.status("legacy").get("state") == "Running" and jobs.status("legacy"),

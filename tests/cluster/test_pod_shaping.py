@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
 
 pytestmark = pytest.mark.cluster
@@ -30,14 +30,14 @@ def sized(admin_api: client.ApiClient) -> None:
     set_settings(admin_api, {**BASE_SETTINGS, "size-presets": PRESETS})
 
 
-def _pod_spec(poller: Poller, jobs: Jobs, name: str) -> client.V1PodSpec:
+def _pod_spec(poller: Reconciler, jobs: Jobs, name: str) -> client.V1PodSpec:
     status = cycle_until(
         poller, lambda: jobs.status(name).get("podName") and jobs.status(name), what=f"{name} pod"
     )
     return jobs.pod(status["podName"]).spec
 
 
-def test_size_preset_and_override(poller: Poller, jobs: Jobs, sized: None) -> None:
+def test_size_preset_and_override(poller: Reconciler, jobs: Jobs, sized: None) -> None:
     jobs.create("big", size="large")
     jobs.create("tuned", size="large", pod={"resources": {"requests": {"cpu": "3"}}})
     big = _pod_spec(poller, jobs, "big").containers[0].resources
@@ -46,7 +46,7 @@ def test_size_preset_and_override(poller: Poller, jobs: Jobs, sized: None) -> No
     assert tuned.requests == {"cpu": "3", "memory": "32Gi"}
 
 
-def test_unknown_size_fails_with_known_names(poller: Poller, jobs: Jobs, sized: None) -> None:
+def test_unknown_size_fails_with_known_names(poller: Reconciler, jobs: Jobs, sized: None) -> None:
     jobs.create("huge", size="huge")
     final = cycle_until(
         poller,
@@ -58,7 +58,7 @@ def test_unknown_size_fails_with_known_names(poller: Poller, jobs: Jobs, sized: 
     assert jobs.pods() == []
 
 
-def test_device_follows_gpu_requests(poller: Poller, jobs: Jobs, sized: None) -> None:
+def test_device_follows_gpu_requests(poller: Reconciler, jobs: Jobs, sized: None) -> None:
     jobs.create("on-gpu", size="gpu")
     jobs.create("on-cpu", size="small")
     jobs.create("chosen", device="cuda:1")
@@ -69,7 +69,7 @@ def test_device_follows_gpu_requests(poller: Poller, jobs: Jobs, sized: None) ->
 
 
 def test_sidecar_runs_restricted_beside_the_evaluation(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     client.CoreV1Api(admin_api).patch_namespace(
         jobs.namespace,
@@ -108,7 +108,7 @@ def test_sidecar_runs_restricted_beside_the_evaluation(
 
 
 def test_openshift_uid_range_sets_the_job_pod_user(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient
 ) -> None:
     client.CoreV1Api(admin_api).patch_namespace(
         jobs.namespace,

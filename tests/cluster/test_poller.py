@@ -23,8 +23,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api, podspec
-from poller.cycle import CycleReport, Poller
 from poller.kube import Kube
+from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, service_account_kubeconfig
 from poller.service import PollingService
@@ -50,7 +50,7 @@ def _condition(status: dict, kind: str) -> dict | None:
 
 
 def test_happy_path_results_in_status(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     control_plane: ControlPlane,
@@ -115,7 +115,7 @@ def test_happy_path_results_in_status(
 
 
 def test_failed_run_reports_driver_message(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     failed_run: CapturedRun,
@@ -141,7 +141,7 @@ def test_failed_run_reports_driver_message(
 
 
 def test_pod_is_restricted_tokenless_and_rightless(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     control_plane: ControlPlane,
@@ -212,7 +212,7 @@ def test_pod_is_restricted_tokenless_and_rightless(
     }
 
 
-def test_settings_can_forbid_a_job(poller: Poller, jobs: Jobs) -> None:
+def test_settings_can_forbid_a_job(poller: Reconciler, jobs: Jobs) -> None:
     jobs.create("online", allowOnline=True)
     final = cycle_until(
         poller,
@@ -225,7 +225,7 @@ def test_settings_can_forbid_a_job(poller: Poller, jobs: Jobs) -> None:
 
 
 def test_idle_cycle_writes_nothing(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     control_plane: ControlPlane,
@@ -261,7 +261,7 @@ def test_poll_interval_changes_live(
     poller_kube: Kube, admin_api: client.ApiClient, namespace: str
 ) -> None:
     set_settings(admin_api, {**BASE_SETTINGS, "poll-interval": "3s"})
-    poller = Poller(poller_kube, settings_namespace=POLLER_NS, namespaces=[namespace])
+    poller = Reconciler(poller_kube, settings_namespace=POLLER_NS, namespaces=[namespace])
     starts: list[float] = []
     lock = threading.Lock()
 

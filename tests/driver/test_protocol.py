@@ -24,7 +24,6 @@ from driver.decoder import LogDecoder, decode_lines, decode_stream, decode_text
 from driver.protocol import (
     MARKER_PREFIX,
     RESULTS_CHUNK_CHARS,
-    describe_exit_code,
     encode_marker,
     encode_results,
     neutralize,
@@ -87,8 +86,6 @@ def test_exit_codes_are_the_documented_ones() -> None:
     assert (protocol.EXIT_CANCELLED, protocol.EXIT_DRIVER_ERROR) == (71, 72)
     # driver.run takes them from the import-light driver.contract.
     assert (run.EXIT_NO_RESULTS, run.EXIT_CANCELLED, run.EXIT_DRIVER_ERROR) == (70, 71, 72)
-    assert describe_exit_code(137) == "killed by signal 9 (SIGKILL)"
-    assert describe_exit_code(70).startswith("lm_eval exited 0 but wrote no results")
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from kubernetes import client
 
 from driver.decoder import decode_text
 from poller import api
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import NODE_NAME, LocalRunner
 from tests.e2e.conftest import results_file, sample, submit
@@ -75,7 +75,7 @@ def _pod_log(jobs: Jobs, pod: str) -> str:
 @pytest.mark.parametrize("name", ["served-model", "dummy-model"])
 def test_sample_job_runs_real_lm_eval(
     name: str,
-    poller: Poller,
+    poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
     runner: LocalRunner,
@@ -117,7 +117,7 @@ def test_sample_job_runs_real_lm_eval(
 
 
 def test_unknown_task_fails_with_lm_evals_message(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
 ) -> None:
     _, job = sample("dummy-model")
     job = copy.deepcopy(job)
@@ -141,7 +141,7 @@ def test_unknown_task_fails_with_lm_evals_message(
 
 
 def _running_job(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner, name: str
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner, name: str
 ) -> tuple[str, int, set[int]]:
     """Start a dummy-model job; once lm_eval runs: (pod, driver PID, its descendants)."""
     _, job = sample("dummy-model")
@@ -167,7 +167,7 @@ def _running_job(
 
 
 def test_deleting_the_pod_stops_the_processes_and_fails_the_job(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
 ) -> None:
     pod, pid, family = _running_job(poller, jobs, admin_api, runner, "deleted-pod")
     jobs.core.delete_namespaced_pod(pod, jobs.namespace)
@@ -188,7 +188,7 @@ def test_deleting_the_pod_stops_the_processes_and_fails_the_job(
     "cancel" not in api.LMEvalJobSpec.model_fields, reason="spec.cancel not implemented"
 )
 def test_cancel_stops_the_processes_and_cancels_the_job(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
 ) -> None:
     _pod, pid, family = _running_job(poller, jobs, admin_api, runner, "cancelled")
     jobs.custom.patch_namespaced_custom_object(
@@ -266,7 +266,7 @@ def test_runner_kills_what_survives_the_grace_period(
 
 
 def test_driver_copy_init_container_is_skipped(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
 ) -> None:
     """With settings driver-image, the pod copies the driver in an init container first.
 

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from poller import api, podspec
-from poller.cycle import Poller
+from poller.reconciler import Reconciler
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
@@ -46,7 +46,7 @@ DATA = "".join(
 
 
 def test_task_code_runs_from_the_snapshot_with_both_switches(
-    poller: Poller, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
+    poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, runner: LocalRunner
 ) -> None:
     set_settings(admin_api, {**BASE_SETTINGS, "allow-code-execution": "true"})
     jobs.core.create_namespaced_config_map(

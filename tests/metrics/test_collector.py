@@ -30,8 +30,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.parser import text_string_to_metric_families
 
 from poller import api
-from poller.cycle import CycleReport
 from poller.metrics import MetricsServer, PollerMetrics, exposition_app, serve
+from poller.reconciler import CycleReport
 from poller.results import parse_scores
 from tests.metrics.conftest import TOY_RESULTS, make_job
 

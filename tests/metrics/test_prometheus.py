@@ -28,9 +28,9 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from poller import api
-from poller.cycle import Poller
 from poller.kube import Kube
 from poller.metrics import MetricsServer, PollerMetrics, serve
+from poller.reconciler import Reconciler
 from poller.sandbox.prometheus import PrometheusServer, promtool
 from poller.service import PollingService
 from tests.metrics.test_deploy import DASHBOARD, write_rules
@@ -63,7 +63,7 @@ class Stack:
 
 @pytest.fixture
 def stack(
-    poller: Poller,  # writes the settings (poll-interval 1s)
+    poller: Reconciler,  # writes the settings (poll-interval 1s)
     poller_kube: Kube,
     namespace: str,
     prometheus_bin: Path,
@@ -71,7 +71,7 @@ def stack(
 ) -> Iterator[Stack]:
     metrics = PollerMetrics(CollectorRegistry())
     kube = Kube(poller_kube.transport, on_request=metrics.on_request)
-    watched = Poller(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
+    watched = Reconciler(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
     server = serve(metrics, port=0, address="127.0.0.1")
     prometheus = PrometheusServer(
         tmp_path / "prometheus",

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from poller.cli import render, view
-from poller.cycle import CycleReport
+from poller.cli import facts, render
 from poller.metrics import PollerMetrics
+from poller.reconciler import CycleReport
 from poller.sandbox import demo
 from tests.metrics.conftest import make_job
 
@@ -136,9 +136,9 @@ def test_metrics_cli_and_sandbox_agree_on_grouped_results(document: dict[str, An
 
     # `lmeval results` reads the status as the API returns it, tasks of the spec first.
     cli_job = {"spec": {"tasks": ["suite"]}, "status": {"results": text}}
-    parsed = view.job_results(cli_job)
+    parsed = facts.job_results(cli_job)
     assert parsed is not None
-    _, cli_rows = render.scores_grid(view.score_rows(parsed, view.spec(cli_job).get("tasks")))
+    _, cli_rows = render.scores_grid(facts.score_rows(parsed, facts.spec(cli_job).get("tasks")))
 
     sandbox_rows = demo.results_rows(json.loads(text))
 

@@ -173,7 +173,7 @@ def served_job(
     """The served-model sample with the model server as a sidecar (slowed by `delay` s)."""
     configmap, job = job_body("served-model", name)
     job["spec"]["pod"] = {
-        "sidecars": [model_server_sidecar(cluster.image_refs["job"], delay=delay)]
+        "sidecars": [model_server_sidecar(cluster.image_refs["model_server"], delay=delay)]
     }
     return configmap, job
 

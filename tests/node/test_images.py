@@ -155,6 +155,17 @@ def test_poller_image_runs_its_entrypoint(tmp_path: Path, mounted: dict[str, Mou
     done = run(tmp_path, poller, ["lmeval-poller", "--help"])
     assert done.returncode == 0, done.stderr
     assert "--metrics-port" in done.stdout
+    # The operator's distribution and the driver's (the contract): no CLI, no
+    # sandbox, none of their dependencies (kubernetes, rich).
+    code = (
+        "import importlib.util as u, importlib.metadata as m; "
+        "print(sorted(n for n in ('poller.cli', 'poller.sandbox', 'kubernetes', 'rich')"
+        " if u.find_spec(n)),"
+        " sorted(d.name for d in m.distributions() if d.name.startswith('lmeval')))"
+    )
+    done = run(tmp_path, poller, ["python", "-c", code])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] ['lmeval-driver', 'lmeval-operator']", done.stdout
 
 
 def test_job_image_runs_the_driver_and_lm_eval(tmp_path: Path, mounted: dict[str, Mounted]) -> None:
@@ -167,10 +178,19 @@ def test_job_image_runs_the_driver_and_lm_eval(tmp_path: Path, mounted: dict[str
     done = run(tmp_path, job, ["python", "-c", code], writable, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("/opt/lmeval/")
-    # The toy OpenAI-style server needs only the standard library: the job
-    # image can serve as the model server's image too.
-    done = run(tmp_path, job, ["python", "-m", "poller.sandbox.model_server", "--help"])
+    # The job image holds the driver and lm-eval, nothing of the operator's.
+    code = "import importlib.util as u; print(u.find_spec('poller'))"
+    done = run(tmp_path, job, ["python", "-c", code], writable)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stdout + done.stderr
+
+
+def test_model_server_image_serves_the_sample_model(
+    tmp_path: Path, mounted: dict[str, Mounted]
+) -> None:
+    server = mounted["model_server"]
+    done = run(tmp_path, server, [*_command(server), "--help"])
     assert done.returncode == 0, done.stderr
+    assert "--port" in done.stdout
 
 
 def test_driver_image_feeds_the_init_container(tmp_path: Path, mounted: dict[str, Mounted]) -> None:

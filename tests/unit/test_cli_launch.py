@@ -41,5 +41,3 @@ def test_with_the_packages_it_runs_the_cli(
         launch.main()
     assert exited.value.code == 0
     assert "exit codes:" in capsys.readouterr().out
-
-

@@ -18,10 +18,10 @@ from typing import Any
 
 from driver.protocol import encode_marker
 from poller import api, podspec
-from poller.cycle import ACTION_WORKERS, Poller
 from poller.identity import KEY_FIELD, PodProof
 from poller.kube import LogTail
-from poller.model import PROOF_ANNOTATION
+from poller.reconciler import ACTION_WORKERS, Reconciler
+from poller.views import PROOF_ANNOTATION
 
 KEY = bytes(range(32))
 PROOF = PodProof(KEY)
@@ -148,7 +148,7 @@ def test_jobs_with_work_act_concurrently_and_in_order_each() -> None:
         [listed_pod(n, exit_code=3 if n in ended else None) for n in names],
     )
     kube.meeting_pods = {pod_of(n) for n in ended}
-    poller = Poller(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
+    poller = Reconciler(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
     report = poller.run_cycle()
     assert ACTION_WORKERS >= 2
     assert report.errors == 0, report.error_messages
@@ -168,7 +168,7 @@ def test_jobs_with_work_act_concurrently_and_in_order_each() -> None:
 def test_a_replica_that_loses_its_lease_stops_acting() -> None:
     kube = StandInKube([listed_job("a-ended")], [listed_pod("a-ended", exit_code=3)])
     answers = iter([True, True])  # the cycle may start and submit, then the lease is gone
-    poller = Poller(
+    poller = Reconciler(
         kube,  # type: ignore[arg-type]
         settings_namespace="lmeval-system",
         may_act=lambda: next(answers, False),

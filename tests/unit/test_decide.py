@@ -21,30 +21,25 @@ import pytest
 from driver.decoder import decode_lines
 from driver.protocol import encode_marker, encode_results
 from poller import api, decide, outcome
-from poller.decide import queue_message
-from poller.draft import set_condition
-from poller.model import (
+from poller.actions import (
     ArchiveLog,
-    ContainerView,
     CreatePod,
     DeleteJob,
     DeletePod,
     ExecRequest,
-    ExecView,
-    JobView,
     LogRequest,
-    LogView,
     Needs,
     PatchStatus,
-    PodView,
     PostEvent,
-    QueueSlot,
     ReleaseHold,
     StoreResults,
 )
+from poller.decide import queue_message
+from poller.draft import set_condition
 from poller.ownership import PodTrust, judge_pod
 from poller.settings import Settings
 from poller.timefmt import format_time
+from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 SETTINGS = Settings()
@@ -451,7 +446,7 @@ def test_image_pull_backoff_within_timeout_waits() -> None:
 
 def test_queued_job_learns_its_place() -> None:
     status = status_of(
-        decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(position=2, waiting=3, limit=1))
+        decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(position=2, limit=1))
     )
     assert status.state == api.JobState.NEW
     scheduled = condition(status, "Scheduled")
@@ -463,15 +458,15 @@ def test_a_moving_queue_rewrites_only_the_jobs_near_its_head() -> None:
     # 200 waiting jobs, one slot: each time the head starts, only the jobs
     # whose exact place is shown get a new status (plus the one that starts).
     waiting = 200
-    before = [queue_message(QueueSlot(p, waiting, 1)) for p in range(1, waiting + 1)]
-    after = [queue_message(QueueSlot(p - 1, waiting - 1, 1)) for p in range(2, waiting + 1)]
+    before = [queue_message(QueueSlot(p, 1)) for p in range(1, waiting + 1)]
+    after = [queue_message(QueueSlot(p - 1, 1)) for p in range(2, waiting + 1)]
     changed = sum(1 for old, new in zip(before[1:], after, strict=True) if old != new)
     assert changed == decide.EXACT_QUEUE_POSITIONS
     assert before[-1] == "waiting for a free slot: more than 10 jobs ahead (max-running-jobs: 1)"
     # And through decide: a job far back that moves up one place writes nothing.
-    first = status_of(decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(51, waiting, 1)))
+    first = status_of(decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(51, 1)))
     queued = job(first.model_dump(by_alias=True, exclude_none=True, mode="json"))
-    moved = QueueSlot(50, waiting - 1, 1)
+    moved = QueueSlot(50, 1)
     assert decide.decide(queued, None, SETTINGS, NOW, queue=moved).actions == []
 
 
@@ -512,9 +507,7 @@ def test_exec_mode_reads_results_by_exec_then_releases_the_hold() -> None:
     assert status.results_source == "exec" and json.loads(status.results or "") == RESULTS
     assert done.actions[-1] == ReleaseHold("eval-abc123", "lmeval", ("lmeval-driver", "release"))
     fallback = status_of(
-        decide.decide(
-            running, pod(), exec_settings, NOW, held, exec_view=ExecView(None, "exec failed")
-        )
+        decide.decide(running, pod(), exec_settings, NOW, held, exec_view=ExecView(None))
     )
     assert fallback.results_source == "log" and json.loads(fallback.results or "") == RESULTS
     # Once the container exits, the stored results make it Succeeded without a log read.

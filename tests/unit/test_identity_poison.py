@@ -24,7 +24,7 @@ import urllib3
 from poller import api, poison
 from poller.identity import KEY_FIELD, PodProof, load_pod_proof
 from poller.kube import ApiError, Conflict, NotFound
-from poller.model import PROOF_ANNOTATION
+from poller.views import PROOF_ANNOTATION
 
 KEY = b"k" * 32
 PROOF = PodProof(KEY)

@@ -25,11 +25,12 @@ import pytest
 
 from driver.protocol import encode_marker, encode_results
 from poller import decide, outcome, podspec
-from poller.cycle import Poller
+from poller.actions import Decision, LogRequest, Needs
 from poller.identity import KEY_FIELD, PodProof
 from poller.kube import LogTail
-from poller.model import PROOF_ANNOTATION, Decision, LogRequest, Needs
+from poller.reconciler import Reconciler
 from poller.settings import Settings
+from poller.views import PROOF_ANNOTATION
 from tests.unit.test_decide import NOW, SETTINGS, job, log_view, pod, running_status
 
 EXEC = Settings.model_validate({"results-source": "exec"})
@@ -298,7 +299,7 @@ def test_every_job_enters_decide_once_per_cycle(case: str, monkeypatch: pytest.M
         return original(listed, *args, **kwargs)
 
     monkeypatch.setattr(decide, "decide", counting)
-    poller = Poller(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
+    poller = Reconciler(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
     report = poller.run_cycle()
     assert report.errors == 0, report.error_messages
     assert entries == {"uid-j": 1}

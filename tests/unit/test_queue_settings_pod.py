@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from poller import api, crd, podspec, results
-from poller.model import ContainerView, JobView, PodView
+from poller import api, podspec, results
 from poller.queue import fair_order, plan_queue
+from poller.sandbox import crd
 from poller.settings import Settings, SettingsTracker, parse_duration
+from poller.views import ContainerView, JobView, PodView
 
 
 def _job(name: str, namespace: str, created: str, **status: Any) -> JobView:
@@ -66,7 +67,7 @@ def test_plan_queue_holds_all_but_the_free_slots() -> None:
     plan = plan_queue([running, *waiting], {running.uid: _running_pod(running.uid)}, limit=2)
     assert set(plan) == {"a/w2", "a/w3", "a/w4"}
     assert [plan[f"a/w{i}"].position for i in (2, 3, 4)] == [1, 2, 3]
-    assert plan["a/w2"].waiting == 3 and plan["a/w2"].limit == 2
+    assert plan["a/w2"].limit == 2 and len(plan) == 3
     assert plan_queue(waiting, {}, limit=0) == {}
 
 
@@ -211,7 +212,7 @@ def test_models_refuse_argv_injection(spec: dict[str, Any]) -> None:
 
 
 def test_committed_crd_matches_the_models() -> None:
-    assert crd.CRD_PATH.read_text() == crd.render(), "run `python -m poller.crd`"
+    assert crd.CRD_PATH.read_text() == crd.render(), "run `python -m poller.sandbox.crd`"
 
 
 def test_crd_is_structural() -> None:

@@ -27,10 +27,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from poller import api, crd, decide, podspec, specrules
-from poller.model import CreatePod, JobView, PatchStatus
+from poller import api, decide, podspec, specrules
+from poller.actions import CreatePod, PatchStatus
+from poller.sandbox import crd
 from poller.settings import Settings
 from poller.timefmt import format_time
+from poller.views import JobView
 
 KIB = 1024
 

@@ -24,7 +24,6 @@ import time
 import pytest
 
 from poller import api, podspec, tasksnapshot
-from poller.model import JobView
 from poller.taskcode import (
     MAX_CONFIGMAP_BYTES,
     MAX_FINDINGS,
@@ -33,6 +32,7 @@ from poller.taskcode import (
     MAX_YAML_EVENTS,
     scan_configmap,
 )
+from poller.views import JobView
 
 PLAIN_TASK = """\
 task: sample_arith_mc

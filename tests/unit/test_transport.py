@@ -643,4 +643,3 @@ def test_exec_stdout_is_capped(transport: ApiTransport) -> None:
     assert counted == [("get", "pods/exec", "101")]
     code, out, _ = transport.exec("ns", "pod", "main", ["big", "300000"], timeout=10)
     assert code == 0 and len(out.encode()) == 330_000  # within the default limit (1 MiB)
-

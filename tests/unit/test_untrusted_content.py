@@ -29,20 +29,14 @@ from hypothesis import strategies as st
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api, decide, outcome, results
-from poller.cycle import Poller
+from poller.actions import ArchiveLog, DeleteJob, StoreResults
 from poller.draft import MAX_MESSAGE_CHARS, StatusDraft
 from poller.kube import ApiError, LogTail
-from poller.model import (
-    ArchiveLog,
-    DeleteJob,
-    ExecView,
-    JobView,
-    LogView,
-    StoreResults,
-)
 from poller.podreads import LOG_READ_RESULTS_BYTES
+from poller.reconciler import Reconciler
 from poller.results import parse_scores
 from poller.settings import Settings
+from poller.views import ExecView, JobView, LogView
 from tests import hostile_logs
 from tests.unit.test_decide import (
     NOW,
@@ -307,7 +301,7 @@ class RefusingKube:
 
 
 def test_a_refused_log_archive_does_not_stop_the_pods_deletion() -> None:
-    poller = Poller(RefusingKube(), settings_namespace="lmeval-system")  # type: ignore[arg-type]
+    poller = Reconciler(RefusingKube(), settings_namespace="lmeval-system")  # type: ignore[arg-type]
     poller.reads.archive_log(job(running_status()), ArchiveLog("eval-abc123", "lmeval", 1024))
 
 

@@ -20,17 +20,12 @@ from typing import Any
 import pytest
 
 from poller import api, decide
-from poller.cycle import Poller
-from poller.model import (
-    FINISHED_SPEC_KEYS,
-    FINISHED_STATUS_OMITS,
-    DeleteJob,
-    JobView,
-    PatchStatus,
-)
+from poller.actions import DeleteJob, PatchStatus
+from poller.reconciler import Reconciler
 from poller.results import parse_scores
 from poller.settings import Settings
 from poller.timefmt import format_time
+from poller.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 RESULTS = {
@@ -173,7 +168,7 @@ def test_a_patch_built_from_a_compact_view_never_erases_what_it_left_out() -> No
     view = JobView.from_object(listed("Complete"))
     new = view.status.model_copy(update={"message": "changed"})
     kube = RecordingKube()
-    poller = Poller(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
+    poller = Reconciler(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]
     assert poller.writes.patch(view, PatchStatus(new, view.resource_version))
     (patch,) = kube.patches
     assert patch["message"] == "changed"

@@ -1,6 +1,7 @@
-"""One polling cycle: observe, decide once per job, act.
+"""The Reconciler: one polling cycle over every job, observe, decide once per job, act.
 
-A cycle reads the settings ConfigMap, lists every LMEvalJob and every pod
+The service (`poller.service`) calls `Reconciler.run_cycle` on every tick of
+its interval. A cycle reads the settings ConfigMap, lists every LMEvalJob and every pod
 the poller manages and joins each job to its pod (`poller.observe`). Then,
 for each job: the pure `decide.what_to_observe` names what its decision
 needs beyond that (the namespace's UID range, a log window, the results
@@ -38,16 +39,17 @@ from typing import Any
 from poller import decide as decisions
 from poller import poison, timefmt
 from poller.act import Actuator
+from poller.actions import Decision, Needs
 from poller.identity import PodProof, load_pod_proof
 from poller.kube import Kube
-from poller.model import Decision, JobView, Needs, PodView, QueueSlot
 from poller.observe import Observed, Observer
 from poller.podreads import PodReads
 from poller.queue import plan_queue
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.statuswrites import StatusWrites
+from poller.views import JobView, PodView, QueueSlot
 
-__all__ = ["ACTION_WORKERS", "CycleReport", "Poller"]
+__all__ = ["ACTION_WORKERS", "CycleReport", "Reconciler"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ class CycleReport:
     # Every job as it stands after this cycle (status as written), for the
     # metrics collector: an immutable picture of the last cycle.
     snapshot: list[JobView] = field(default_factory=list)
-    # Jobs act on several threads (see Poller.run_cycle): counts go through it.
+    # Jobs act on several threads (see Reconciler.run_cycle): counts go through it.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, *, patches: int = 0, pods_created: int = 0) -> None:
@@ -91,7 +93,7 @@ class CycleReport:
 FirstLook = Needs | Decision | Exception
 
 
-class Poller:
+class Reconciler:
     """The polling cycle, with its dependencies injected."""
 
     def __init__(

@@ -1,13 +1,9 @@
-"""Typed views of what a cycle observed, what it must observe, and the actions it may take.
+"""Frozen views of what a cycle observed: jobs, pods, a log window, exec'd results.
 
-The API layer turns raw API objects into these small frozen views; what a
-job's decision needs beyond them (`Needs`: a log window, the results file
-the driver holds, the namespace's UID range) is named here too, and read
-before deciding; the decision function reads only views and returns
-actions; the actuator carries the actions out. Actions are only actions:
-nothing in `Action` asks for more data. Nothing here imports `kubernetes`
-or does I/O, which is what lets every transition be a table-driven unit
-test.
+The API layer turns raw API objects into these small frozen views, and the
+decision functions read only them (what they return is in
+`poller.actions`). Nothing here imports `kubernetes` or does I/O, which is
+what lets every transition be a table-driven unit test.
 
 `JobObject` and `PodObject` name the parts of an API object that the views
 read. LISTs are parsed into exactly that shape (`poller.kube`), so the bulk
@@ -18,7 +14,7 @@ a field a view starts reading must be added there too.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from typing_extensions import TypedDict
@@ -30,27 +26,15 @@ __all__ = [
     "FINISHED_SPEC_KEYS",
     "FINISHED_STATUS_OMITS",
     "PROOF_ANNOTATION",
-    "Action",
-    "ArchiveLog",
     "ContainerView",
-    "CreatePod",
-    "DeleteJob",
-    "DeletePod",
-    "ExecRequest",
     "ExecView",
     "JobObject",
     "JobView",
-    "LogRequest",
     "LogView",
-    "Needs",
-    "PatchStatus",
     "PodObject",
     "PodView",
-    "PostEvent",
     "ProofCheck",
     "QueueSlot",
-    "ReleaseHold",
-    "StoreResults",
 ]
 
 
@@ -336,7 +320,6 @@ class QueueSlot:
     """Where a waiting job stands when max-running-jobs caps the running ones."""
 
     position: int  # 1-based
-    waiting: int
     limit: int
 
 
@@ -357,121 +340,7 @@ class LogView:
 
 
 @dataclass(frozen=True)
-class LogRequest:
-    """A window of the main container's log (its last `tail_lines` lines)."""
-
-    pod: str
-    container: str
-    tail_lines: int
-    # "results" for a finished container, "progress" for a running one (the
-    # latter is rate-limited by the cycle).
-    purpose: str = "results"
-
-
-@dataclass(frozen=True)
-class ExecRequest:
-    """exec `cat` of the results file in the container the driver holds."""
-
-    pod: str
-    container: str
-    path: str
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What one job's decision needs besides its listed object and pod
-    (`poller.decide.what_to_observe`), read before `decide` runs (`poller.observe`)."""
-
-    namespace_uid: bool = False  # its OpenShift UID range: a pod is about to be made
-    log: LogRequest | None = None  # the log window to read first
-    held_results: bool = False  # exec mode: cat the results file the log shows held
-
-    @property
-    def any(self) -> bool:
-        """Whether anything must be read before deciding."""
-        return self.namespace_uid or self.log is not None
-
-
-@dataclass(frozen=True)
-class CreatePod:
-    """Create the job pod; the actuator stamps the proof of origin for `attempt` on it."""
-
-    manifest: dict[str, Any]
-    attempt: int = 1
-
-
-@dataclass(frozen=True)
-class PatchStatus:
-    """Replace the job's status; `resource_version` makes a stale write fail (409)."""
-
-    status: api.LMEvalJobStatus
-    resource_version: str
-
-
-@dataclass(frozen=True)
-class StoreResults:
-    """Create or replace the job's results ConfigMap."""
-
-    manifest: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ArchiveLog:
-    """Keep the last `max_bytes` of the container log in the job's results ConfigMap."""
-
-    pod: str
-    container: str
-    max_bytes: int
-
-
-@dataclass(frozen=True)
-class ReleaseHold:
-    """exec the driver's `release` so a holding container exits."""
-
-    pod: str
-    container: str
-    argv: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class ExecView:
-    """What the exec'd `cat` returned: the text, or why there is none."""
+    """What the exec'd `cat` returned: the text, or None (the poller logs why)."""
 
     text: str | None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class DeletePod:
-    name: str
-
-
-@dataclass(frozen=True)
-class DeleteJob:
-    """Delete the job itself (TTL); its pod and ConfigMap go through ownerReferences."""
-
-
-@dataclass(frozen=True)
-class PostEvent:
-    type: str  # "Normal" | "Warning"
-    reason: str
-    message: str
-
-
-Action = (
-    CreatePod
-    | PatchStatus
-    | StoreResults
-    | PostEvent
-    | ArchiveLog
-    | DeletePod
-    | DeleteJob
-    | ReleaseHold
-)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do for one job, in order."""
-
-    actions: list[Action] = field(default_factory=list)

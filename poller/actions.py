@@ -1,0 +1,144 @@
+"""What a job's decision asks to read first (`Needs`), and the actions it returns.
+
+`poller.decide.what_to_observe` names what one job's decision needs beyond
+its listed object and pod (a log window, the results file the driver holds,
+the namespace's UID range); `poller.observe` reads it before `decide` runs;
+`decide` returns a `Decision`, whose actions `poller.act` carries out.
+Actions are only actions: nothing in `Action` asks for more data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from poller import api
+
+__all__ = [
+    "Action",
+    "ArchiveLog",
+    "CreatePod",
+    "Decision",
+    "DeleteJob",
+    "DeletePod",
+    "ExecRequest",
+    "LogRequest",
+    "Needs",
+    "PatchStatus",
+    "PostEvent",
+    "ReleaseHold",
+    "StoreResults",
+]
+
+
+@dataclass(frozen=True)
+class LogRequest:
+    """A window of the main container's log (its last `tail_lines` lines)."""
+
+    pod: str
+    container: str
+    tail_lines: int
+    # "results" for a finished container, "progress" for a running one (the
+    # latter is rate-limited by the cycle).
+    purpose: str = "results"
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """exec `cat` of the results file in the container the driver holds."""
+
+    pod: str
+    container: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one job's decision needs besides its listed object and pod
+    (`poller.decide.what_to_observe`), read before `decide` runs (`poller.observe`)."""
+
+    namespace_uid: bool = False  # its OpenShift UID range: a pod is about to be made
+    log: LogRequest | None = None  # the log window to read first
+    held_results: bool = False  # exec mode: cat the results file the log shows held
+
+    @property
+    def any(self) -> bool:
+        """Whether anything must be read before deciding."""
+        return self.namespace_uid or self.log is not None
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    """Create the job pod; the actuator stamps the proof of origin for `attempt` on it."""
+
+    manifest: dict[str, Any]
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """Replace the job's status; `resource_version` makes a stale write fail (409)."""
+
+    status: api.LMEvalJobStatus
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class StoreResults:
+    """Create or replace the job's results ConfigMap."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ArchiveLog:
+    """Keep the last `max_bytes` of the container log in the job's results ConfigMap."""
+
+    pod: str
+    container: str
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class ReleaseHold:
+    """exec the driver's `release` so a holding container exits."""
+
+    pod: str
+    container: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the job itself (TTL); its pod and ConfigMap go through ownerReferences."""
+
+
+@dataclass(frozen=True)
+class PostEvent:
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
+
+
+Action = (
+    CreatePod
+    | PatchStatus
+    | StoreResults
+    | PostEvent
+    | ArchiveLog
+    | DeletePod
+    | DeleteJob
+    | ReleaseHold
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do for one job, in order."""
+
+    actions: list[Action] = field(default_factory=list)
