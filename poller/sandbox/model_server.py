@@ -138,6 +138,8 @@ class ModelServer:
         self.lm = HashModel()
         self.counts: dict[str, int] = {}
         self.chat_requests: list[list[dict[str, Any]]] = []
+        # The Authorization header of the last chat request (an API key's way in).
+        self.last_authorization: str | None = None
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -438,6 +440,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 self._send(200, owner.completions(body))
             elif path == "/v1/chat/completions":
+                owner.last_authorization = self.headers.get("Authorization")
                 if owner.delay > 0:
                     time.sleep(owner.delay)
                 self._send(200, owner.chat_completions(body))

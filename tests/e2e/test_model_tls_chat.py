@@ -12,7 +12,8 @@ lm_eval:
   verification of the model endpoint failed;
 - ``modelArgs`` ``verify_certificate=false`` ends Failed before any pod
   exists (the poller setting allow-insecure-model-endpoints is off);
-- ``local-chat-completions`` on a generate_until task from the sample tasks
+- ``local-chat-completions`` and ``openai-chat-completions`` (its API key
+  from a Secret) on a generate_until task from the sample tasks
   ConfigMap, over HTTPS with the CA from a Secret, with
   ``systemInstruction``, ``chatTemplate`` and ``fewshotAsMultiturn``: the
   job Succeeds and the server received the system instruction as the first
@@ -145,7 +146,9 @@ def test_turning_verification_off_is_refused_by_default(
     assert not jobs.pods()
 
 
+@pytest.mark.parametrize("model", ["local-chat-completions", "openai-chat-completions"])
 def test_chat_model_with_system_instruction_over_https(
+    model: str,
     poller: Reconciler,
     jobs: Jobs,
     admin_api: client.ApiClient,
@@ -159,11 +162,17 @@ def test_chat_model_with_system_instruction_over_https(
             metadata=client.V1ObjectMeta(name="model-ca"), string_data={"ca.pem": ca.read_text()}
         ),
     )
+    # openai-chat-completions sends $OPENAI_API_KEY as a bearer token.
+    jobs.core.create_namespaced_secret(
+        jobs.namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="api"), string_data={"key": "sk-toy"}),
+    )
     _, job = sample("served-model", server.port)
     job = copy.deepcopy(job)
     job["metadata"]["name"] = "chat"
     job["spec"].update(
-        model="local-chat-completions",
+        model=model,
+        envSecrets=[{"env": "OPENAI_API_KEY", "secretRef": {"name": "api", "key": "key"}}],
         modelArgs=[
             {"name": "model", "value": "toy"},
             {"name": "base_url", "value": server.chat_url},
@@ -190,5 +199,28 @@ def test_chat_model_with_system_instruction_over_https(
         assert messages[0] == {"role": "system", "content": INSTRUCTION}
         # The few-shot example is a turn of its own: user, assistant, then the question.
         assert [m["role"] for m in messages[1:]] == ["user", "assistant", "user"]
+    if model == "openai-chat-completions":
+        assert server.last_authorization == "Bearer sk-toy"
     results = json.loads(final["results"])["results"]
     assert "exact_match,none" in results["sample_arith_gen"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"fewshotAsMultiturn": True}, "fewshotAsMultiturn: true needs chatTemplate.enabled"),
+        (
+            {"fewshotAsMultiturn": True, "chatTemplate": {"enabled": False}},
+            "fewshotAsMultiturn: true needs chatTemplate.enabled",
+        ),
+        ({"modelTLS": {"caBundle": {}}}, "set exactly one of configMapKeyRef and secretKeyRef"),
+        ({"chatTemplate": {"enabled": True, "name": "--x"}}, "spec.chatTemplate.name"),
+    ],
+)
+def test_the_apiserver_refuses_inconsistent_options(
+    jobs: Jobs, spec: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(client.exceptions.ApiException) as caught:
+        jobs.create("refused", **spec)
+    assert caught.value.status == 422
+    assert words in json.loads(caught.value.body)["message"]
