@@ -12,8 +12,9 @@ lm_eval:
   verification of the model endpoint failed;
 - ``modelArgs`` ``verify_certificate=false`` ends Failed before any pod
   exists (the poller setting allow-insecure-model-endpoints is off);
-- ``local-chat-completions`` and ``openai-chat-completions`` (its API key
-  from a Secret) on a generate_until task from the sample tasks
+- the chat sample (``deploy/samples/chat-model.yaml``), as
+  ``local-chat-completions`` and as ``openai-chat-completions`` (its API key
+  from a Secret), on a generate_until task from the sample tasks
   ConfigMap, over HTTPS with the CA from a Secret, with
   ``systemInstruction``, ``chatTemplate`` and ``fewshotAsMultiturn``: the
   job Succeeds and the server received the system instruction as the first
@@ -167,22 +168,18 @@ def test_chat_model_with_system_instruction_over_https(
         jobs.namespace,
         client.V1Secret(metadata=client.V1ObjectMeta(name="api"), string_data={"key": "sk-toy"}),
     )
-    _, job = sample("served-model", server.port)
+    # The chat sample in deploy/samples, over HTTPS.
+    _, job = sample("chat-model", server.port)
     job = copy.deepcopy(job)
     job["metadata"]["name"] = "chat"
+    assert job["spec"]["systemInstruction"] == INSTRUCTION
+    for pair in job["spec"]["modelArgs"]:
+        if pair["name"] == "base_url":
+            pair["value"] = server.chat_url
     job["spec"].update(
         model=model,
         envSecrets=[{"env": "OPENAI_API_KEY", "secretRef": {"name": "api", "key": "key"}}],
-        modelArgs=[
-            {"name": "model", "value": "toy"},
-            {"name": "base_url", "value": server.chat_url},
-        ],
-        tasks=["sample_arith_gen"],
         limit="3",
-        numFewShot=1,
-        systemInstruction=INSTRUCTION,
-        chatTemplate={"enabled": True},
-        fewshotAsMultiturn=True,
         modelTLS={"caBundle": {"secretKeyRef": {"name": "model-ca", "key": "ca.pem"}}},
     )
     seen = len(server.chat_messages())
