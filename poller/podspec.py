@@ -115,7 +115,7 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
             "spec.allowOnline is true but the poller settings do not allow online jobs "
             "(allow-online: false in ConfigMap lmeval-poller-config)"
         )
-    if problem := podtls.insecure_problem(spec, settings):
+    if problem := podtls.tls_problem(spec, settings):
         raise JobPodError(problem)
     argv = [f"--model={spec.model}", f"--tasks={','.join(spec.tasks)}"]
     if spec.model_args:

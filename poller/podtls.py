@@ -28,8 +28,8 @@ __all__ = [
     "MODEL_CA_DIR",
     "MODEL_CA_FILE",
     "TRUST_ENV",
-    "insecure_problem",
     "tls_env",
+    "tls_problem",
     "tls_volumes",
 ]
 
@@ -41,7 +41,7 @@ TRUST_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_
 VERIFY_ARG = "verify_certificate"
 
 
-def insecure_problem(spec: api.LMEvalJobSpec, settings: Settings) -> str | None:
+def tls_problem(spec: api.LMEvalJobSpec, settings: Settings) -> str | None:
     """Why the job may not run as it is (TLS verification, trust variables), or None."""
     if not settings.allow_insecure_model_endpoints:
         for index, pair in enumerate(spec.model_args or []):
