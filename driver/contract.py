@@ -24,6 +24,7 @@ __all__ = [
     "DRIVER_MODULE",
     "DRIVER_PROGRAM",
     "END_OF_OPTIONS",
+    "ENV_CA_BUNDLE",
     "ENV_OUTPUT_ROOT",
     "ENV_RUN_ID",
     "EVENT_CANCELLED",
@@ -85,6 +86,10 @@ OPT_HOLD_SECONDS = "--hold-seconds"
 # sets it, so that ``release`` through exec finds the same root) and --run-id.
 ENV_OUTPUT_ROOT = "LMEVAL_OUTPUT_ROOT"
 ENV_RUN_ID = "LMEVAL_RUN_ID"
+# A PEM file of extra CAs for the model endpoint (spec.modelTLS.caBundle): the
+# driver adds it to the image's own and points the child's HTTP clients at
+# the result (driver.trust).
+ENV_CA_BUNDLE = "LMEVAL_CA_BUNDLE"
 
 
 def driver_command(python: str | None = None) -> list[str]:

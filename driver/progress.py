@@ -254,6 +254,10 @@ class ProgressTracker:
         self._emit(progress)
 
 
+# What OpenSSL's verification failure says in every Python client's error.
+TLS_VERIFY_FAILED = "CERTIFICATE_VERIFY_FAILED"
+
+
 class ErrorLineTracker:
     """Remembers the tail of a stream to name the last meaningful error line."""
 
@@ -298,6 +302,14 @@ class ErrorLineTracker:
                 if logged is not None and logged[0] in wanted:
                     return line
         return lines[-1] if lines else None
+
+    def tls_failure(self) -> str | None:
+        """The last line that reports a failed certificate verification (OpenSSL's
+        CERTIFICATE_VERIFY_FAILED, through requests or aiohttp), or None."""
+        for line in reversed(self._lines):
+            if TLS_VERIFY_FAILED in line:
+                return line
+        return None
 
     def last_warning(self) -> str | None:
         """The last WARNING/ERROR log message (for "exited 0 but wrote nothing").

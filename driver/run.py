@@ -29,6 +29,7 @@ from driver.contract import (
     CMD_RELEASE,
     DRIVER_PROGRAM,
     END_OF_OPTIONS,
+    ENV_CA_BUNDLE,
     EVENT_CANCELLED,
     EVENT_COMPLETED,
     EVENT_FAILED,
@@ -48,6 +49,11 @@ RESULTS_COPY = "results.json"
 # How long to wait for the pipes to close once the child's group is dead. A
 # grandchild that escaped the group (setsid) could hold them open forever.
 PUMP_JOIN_TIMEOUT = 5.0
+# How a child's failed certificate verification is reported (driver.trust).
+TLS_FAILURE = (
+    "TLS verification of the model endpoint failed (its certificate is not signed by a CA the "
+    "evaluation trusts: name the CA in spec.modelTLS.caBundle)"
+)
 # Tick of the main loop while waiting for the child or the hold; signals do
 # their work in the handler, so this only bounds deadline checks.
 TICK = 0.1
@@ -149,6 +155,7 @@ class Run:
         self.sink = Sink(stdout_fd, stderr_fd)
         self._stdout_fd, self._stderr_fd = stdout_fd, stderr_fd
         self.final_code: int | None = None  # set once the final marker is out
+        self.child_env: dict[str, str] | None = None  # None: the driver's own
 
     # -- markers -------------------------------------------------------------
 
@@ -195,7 +202,9 @@ class Run:
                 return self.driver_error(error)
             if self.cancel.signum is not None:
                 return self._cancelled(None)
-            child = Child([*self.opts.child_argv, "--output_path", self.run_dir])
+            child = Child(
+                [*self.opts.child_argv, "--output_path", self.run_dir], env=self.child_env
+            )
             try:
                 child.start()
             except OSError as exc:
@@ -252,12 +261,21 @@ class Run:
             except OSError as exc:
                 return f"cannot open log copy {self.opts.log_copy}: {exc}"
             self.sink = Sink(self._stdout_fd, self._stderr_fd, self._log_copy)
+        extra_ca = os.environ.get(ENV_CA_BUNDLE)
+        if extra_ca:
+            from driver import trust
+
+            temp = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - an emptyDir in the pod
+            bundle, problem = trust.combined_bundle(extra_ca, temp, self.run_id)
+            if bundle is None:
+                return problem
+            self.child_env = trust.child_env(bundle)
         return None
 
     def _supervise(self, child: Child) -> int:
         # Only now, with the child running, pay for the heavier imports.
         from driver.argv import lm_eval_version, redact_argv
-        from driver.progress import ErrorLineTracker, Progress, ProgressTracker
+        from driver.progress import TLS_VERIFY_FAILED, ErrorLineTracker, Progress, ProgressTracker
         from driver.protocol import encode_progress, encode_started, neutralize
 
         started: StartedFields = {
@@ -300,6 +318,11 @@ class Run:
             self.sink.note("output pipes still open after the child exited; stopped reading")
         progress.flush()
         last_line = err_lines.best() or out_lines.best()
+        tls_line = err_lines.tls_failure() or out_lines.tls_failure()
+        if returncode > 0 and tls_line is not None:
+            # Say it first, whichever line lm_eval ended on: the fix is the job's.
+            detail = last_line if last_line and TLS_VERIFY_FAILED in last_line else tls_line
+            last_line = f"{TLS_FAILURE}: {detail}"
         return self._outcome(returncode, last_line, err_lines.last_warning())
 
     def _outcome(self, returncode: int, last_line: str | None, warning: str | None) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
 
 from poller import specrules as rules
@@ -31,12 +31,15 @@ __all__ = [
     "API_VERSION",
     "KIND",
     "PLURAL",
+    "CABundle",
+    "ChatTemplate",
     "Condition",
     "ConditionType",
     "JobReason",
     "JobState",
     "LMEvalJobSpec",
     "LMEvalJobStatus",
+    "ModelTLS",
     "NameValue",
 ]
 
@@ -85,6 +88,9 @@ _QUALIFIED = rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)
 QUALIFIED_NAME = rf"^{_QUALIFIED}$"
 QUALIFIED_NAME_LENGTH_MAX = 253 + 1 + 63
 LABEL_VALUE = rf"^({_NAME63})?$"
+# One --system_instruction= token, 4 bytes a character at worst: within
+# rules.ARGV_TOKEN_BYTES_MAX.
+SYSTEM_INSTRUCTION_CHARS_MAX = 8000
 
 
 class _Model(BaseModel):
@@ -277,8 +283,90 @@ class Outputs(_Model):
     )
 
 
+class ConfigMapKeyRef(_Model):
+    name: Annotated[
+        str, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="ConfigMap name.")
+    ]
+    key: Annotated[
+        str, Field(pattern=DATA_KEY, max_length=253, description="Key in the ConfigMap.")
+    ]
+
+
+def _one_ca_source(bundle: CABundle) -> str | None:
+    if (bundle.config_map_key_ref is None) == (bundle.secret_key_ref is None):
+        return "set exactly one of configMapKeyRef and secretKeyRef"
+    return None
+
+
+class CABundle(_Model):
+    """PEM certificates of the certificate authorities to trust, from one key."""
+
+    config_map_key_ref: ConfigMapKeyRef | None = Field(
+        default=None,
+        description="The ConfigMap key that holds the PEM bundle (e.g. an OpenShift service CA "
+        "or trusted-ca-bundle ConfigMap).",
+    )
+    secret_key_ref: SecretKeyRef | None = Field(
+        default=None, description="The Secret key that holds the PEM bundle (e.g. ca.crt)."
+    )
+
+
+CABundleSource = Annotated[
+    CABundle,
+    rules.Cel(
+        rule="has(self.configMapKeyRef) != has(self.secretKeyRef)",
+        message="set exactly one of configMapKeyRef and secretKeyRef",
+        problem=_one_ca_source,
+    ),
+]
+
+
+class ModelTLS(_Model):
+    """How the evaluation verifies the model endpoint's TLS certificate."""
+
+    ca_bundle: CABundleSource = Field(
+        description="Certificate authorities the evaluation trusts for https:// model "
+        "endpoints, added to the image's own (system and certifi) authorities. Mounted "
+        "read-only; SSL_CERT_FILE and REQUESTS_CA_BUNDLE point lm_eval's HTTP clients "
+        "(aiohttp, requests) at the combined bundle."
+    )
+
+
+class ChatTemplate(_Model):
+    """lm_eval's --apply_chat_template."""
+
+    enabled: bool = Field(description="Format prompts as chat messages (--apply_chat_template).")
+    name: Annotated[str, Field(pattern=TASK_NAME, max_length=128)] | None = Field(
+        default=None,
+        description="A named chat template of the model's tokenizer "
+        "(--apply_chat_template=NAME); the default template when omitted.",
+    )
+
+
+def _fewshot_needs_chat(spec: LMEvalJobSpec) -> str | None:
+    if spec.fewshot_as_multiturn and not (spec.chat_template and spec.chat_template.enabled):
+        return "spec.fewshotAsMultiturn: true needs spec.chatTemplate.enabled: true"
+    return None
+
+
+_FEWSHOT_RULE: dict[str, JsonValue] = {
+    "rule": "!has(self.fewshotAsMultiturn) || !self.fewshotAsMultiturn || "
+    "(has(self.chatTemplate) && self.chatTemplate.enabled)",
+    "message": "fewshotAsMultiturn: true needs chatTemplate.enabled: true",
+    "fieldPath": ".fewshotAsMultiturn",
+}
+
+
 class LMEvalJobSpec(_Model):
     """What to evaluate and how the job pod may look."""
+
+    model_config = ConfigDict(json_schema_extra={rules.VALIDATIONS: [_FEWSHOT_RULE]})
+
+    @model_validator(mode="after")
+    def _chat_options_agree(self) -> LMEvalJobSpec:
+        if (problem := _fewshot_needs_chat(self)) is not None:
+            raise ValueError(problem)
+        return self
 
     model: Annotated[str, Field(pattern=ARGV_WORD, max_length=128)] = Field(
         description="lm_eval model type (--model), e.g. hf, local-completions, dummy."
@@ -398,6 +486,29 @@ class LMEvalJobSpec(_Model):
         description="Allow code that is not in the image: tasks that execute model-written "
         "code, and custom tasks that name Python. Needs allow-code-execution in the poller "
         "settings too.",
+    )
+    model_tls: ModelTLS | None = Field(
+        default=None,
+        alias="modelTLS",
+        description="TLS to the model endpoint: extra certificate authorities to trust. "
+        "Turning verification off (modelArgs verify_certificate=false) needs the poller "
+        "setting allow-insecure-model-endpoints.",
+    )
+    system_instruction: (
+        Annotated[str, Field(pattern=TEXT, max_length=SYSTEM_INSTRUCTION_CHARS_MAX)] | None
+    ) = Field(
+        default=None,
+        description="System instruction added to every prompt (--system_instruction).",
+    )
+    chat_template: ChatTemplate | None = Field(
+        default=None,
+        description="Apply a chat template to the prompts (--apply_chat_template); needed by "
+        "chat-completions models (local-chat-completions, openai-chat-completions).",
+    )
+    fewshot_as_multiturn: bool | None = Field(
+        default=None,
+        description="Few-shot examples as a multi-turn conversation (--fewshot_as_multiturn). "
+        "lm_eval turns it on with a chat template; true needs chatTemplate.enabled.",
     )
 
 

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from driver import protocol
-from poller import api
+from poller import api, podtls
 from poller.settings import Settings
 from poller.specrules import OFFLINE_ENV, env_name_problem
 
@@ -115,6 +115,8 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
             "spec.allowOnline is true but the poller settings do not allow online jobs "
             "(allow-online: false in ConfigMap lmeval-poller-config)"
         )
+    if problem := podtls.tls_problem(spec, settings):
+        raise JobPodError(problem)
     argv = [f"--model={spec.model}", f"--tasks={','.join(spec.tasks)}"]
     if spec.model_args:
         argv.append(f"--model_args={_pairs(spec.model_args)}")
@@ -133,7 +135,22 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
     if spec.custom_tasks:
         # lm_eval scans the directory recursively: one path covers every ConfigMap.
         argv.append(f"--include_path={CUSTOM_TASKS_ROOT}")
+    argv += _chat_argv(spec)
     argv.append(f"--device={spec.device or _default_device(spec, settings)}")
+    return argv
+
+
+def _chat_argv(spec: api.LMEvalJobSpec) -> list[str]:
+    """lm_eval's prompt-formatting options (spec.systemInstruction, chatTemplate,
+    fewshotAsMultiturn), each one token as ever."""
+    argv: list[str] = []
+    if spec.system_instruction:
+        argv.append(f"--system_instruction={spec.system_instruction}")
+    if spec.chat_template is not None and spec.chat_template.enabled:
+        name = spec.chat_template.name
+        argv.append(f"--apply_chat_template={name}" if name else "--apply_chat_template")
+    if spec.fewshot_as_multiturn is not None:
+        argv.append(f"--fewshot_as_multiturn={str(spec.fewshot_as_multiturn).lower()}")
     return argv
 
 
@@ -277,6 +294,9 @@ def build_pod(
     Raises JobPodError when the spec asks for something the settings forbid.
     """
     volumes, mounts = _job_volumes(name, uid, spec)
+    tls_volumes, tls_mounts = podtls.tls_volumes(spec)
+    volumes += tls_volumes
+    mounts += tls_mounts
     init_containers: list[dict[str, Any]] = []
     if settings.driver_image:
         volumes.append({"name": "driver", "emptyDir": {}})
@@ -391,7 +411,7 @@ def _main_container(
         "image": settings.pod_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": _env(spec, settings, bool(settings.driver_image)),
+        "env": _env(spec, settings, bool(settings.driver_image)) + podtls.tls_env(spec),
         "securityContext": _security_context(),
         "volumeMounts": mounts,
         "workingDir": POD_TMP,

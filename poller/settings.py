@@ -215,6 +215,9 @@ class Settings(BaseModel):
     results_source: Annotated[Literal["log", "exec"], Field(alias="results-source")] = "log"
     allow_online: Annotated[Flag, Field(alias="allow-online")] = False
     allow_code_execution: Annotated[Flag, Field(alias="allow-code-execution")] = False
+    allow_insecure_model_endpoints: Annotated[
+        Flag, Field(alias="allow-insecure-model-endpoints")
+    ] = False
     default_ttl_seconds_after_finished: Annotated[
         int | None,
         Field(alias="default-ttl-seconds-after-finished", ge=0, le=MAX_DEFAULT_TTL_SECONDS),

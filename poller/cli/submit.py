@@ -49,6 +49,10 @@ FLAG_FOR_FIELD = {
     "allowOnline": "--allow-online",
     "allowCodeExecution": "--allow-code-execution",
     "suspend": "--suspend",
+    "modelTLS": "--model-ca",
+    "systemInstruction": "--system-instruction",
+    "chatTemplate": "--chat-template",
+    "fewshotAsMultiturn": "--fewshot-as-multiturn",
 }
 _DNS_SUBDOMAIN = re.compile(api.DNS_SUBDOMAIN)
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -90,6 +94,19 @@ def _what_arguments(what: argparse._ArgumentGroup) -> None:
         metavar="CONFIGMAP",
         help="ConfigMap with task YAML and data (offline clusters); repeatable",
     )
+    what.add_argument("--system-instruction", metavar="TEXT", help="system instruction")
+    what.add_argument(
+        "--chat-template",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="apply the model's chat template (optionally a named one); chat models need it",
+    )
+    what.add_argument(
+        "--fewshot-as-multiturn",
+        action="store_true",
+        help="few-shot examples as conversation turns (with --chat-template)",
+    )
 
 
 def _how_arguments(how: argparse._ArgumentGroup) -> None:
@@ -122,6 +139,11 @@ def _how_arguments(how: argparse._ArgumentGroup) -> None:
         help="tolerate a node taint (kubectl taint syntax)",
     )
     how.add_argument("--output-pvc", metavar="PVC", help="PVC that receives the full outputs")
+    how.add_argument(
+        "--model-ca",
+        metavar="configmap|secret/NAME:KEY",
+        help="CAs to trust for an https:// model endpoint, e.g. configmap/service-ca:ca.crt",
+    )
     how.add_argument("--deadline", metavar="DURATION", help="activeDeadlineSeconds, e.g. 2h")
     how.add_argument("--ttl", metavar="DURATION", help="delete the job this long after it ends")
     how.add_argument("--allow-online", action="store_true", help="let it reach model hubs")
@@ -254,6 +276,24 @@ def _toleration(text: str) -> dict[str, str]:
     return found
 
 
+def _model_ca(text: str) -> dict[str, Any]:
+    """'configmap/NAME:KEY' or 'secret/NAME:KEY' as spec.modelTLS."""
+    kind, _, ref = text.partition("/")
+    name, _, key = ref.partition(":")
+    field = {"configmap": "configMapKeyRef", "secret": "secretKeyRef"}.get(kind.lower())
+    if field is None or not name or not key:
+        raise CliError(
+            f"--model-ca {text!r}: expected configmap/NAME:KEY or secret/NAME:KEY", ExitCode.USAGE
+        )
+    return {"caBundle": {field: {"name": name, "key": key}}}
+
+
+def _chat_template(name: str | None) -> dict[str, Any] | None:
+    if name is None:
+        return None
+    return {"enabled": True, "name": name} if name else {"enabled": True}
+
+
 def _slug(text: str) -> str:
     slug = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-")
     return slug or "lmeval"
@@ -284,6 +324,10 @@ def build_from_flags(args: argparse.Namespace) -> dict[str, Any]:
         "allowOnline": True if args.allow_online else None,
         "allowCodeExecution": True if args.allow_code_execution else None,
         "suspend": True if args.suspend else None,
+        "modelTLS": _model_ca(args.model_ca) if args.model_ca else None,
+        "systemInstruction": args.system_instruction,
+        "chatTemplate": _chat_template(args.chat_template),
+        "fewshotAsMultiturn": True if args.fewshot_as_multiturn else None,
     }
     spec.update({k: v for k, v in optional.items() if v not in (None, [], {})})
     metadata: dict[str, Any] = {}

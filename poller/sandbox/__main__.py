@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sample",
         default="served-model",
         help="served-model (local-completions against the toy server), dummy-model, "
+        "chat-model (local-chat-completions with a system instruction), "
         "or a path to a YAML file with one LMEvalJob (default: %(default)s)",
     )
     run.add_argument("--keep", action="store_true", help="leave everything running afterwards")

@@ -82,6 +82,7 @@ TASKS_FILE = SAMPLES_DIR / "tasks-configmap.yaml"
 SAMPLES = {
     "served-model": SAMPLES_DIR / "served-model.yaml",
     "dummy-model": SAMPLES_DIR / "dummy-model.yaml",
+    "chat-model": SAMPLES_DIR / "chat-model.yaml",
 }
 DEFAULT_SAMPLE = "served-model"
 DEMO_NAMESPACE = "lmeval-demo"

@@ -15,7 +15,13 @@ model weights:
 * a canned generation text, which tests set to make the model "say" things,
   e.g. forged ``::lmeval::`` marker lines;
 * optional failure injection (the first N completion requests fail with a
-  chosen error body) and per-request delay, for failure and cancel tests.
+  chosen error body) and per-request delay, for failure and cancel tests;
+* an OpenAI-style chat endpoint (``/v1/chat/completions``, lm_eval's
+  ``local-chat-completions``) that answers with the same canned text and
+  keeps the messages it received (``chat_requests``), so a test can show
+  what reached the model (a system instruction, a chat-formatted prompt);
+* HTTPS with a given certificate and key (``tls=(cert, key)``), so tests can
+  show the evaluation trusting, or refusing, a certificate from a private CA.
 
 Use ``ModelServer`` as a context manager, or run
 ``python -m poller.sandbox.model_server --port N`` standalone. It refuses to
@@ -36,6 +42,7 @@ import hashlib
 import ipaddress
 import json
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -50,6 +57,8 @@ MAX_MODEL_LEN = 2048
 GREEDY_LOGPROB = -0.05
 # Longest request body accepted; lm_eval's requests are a few KB.
 MAX_BODY = 16 * 1024 * 1024
+# Chat requests kept for tests to read (the oldest are dropped beyond this).
+MAX_CHAT_REQUESTS = 1000
 
 
 class ByteTokenizer:
@@ -115,8 +124,10 @@ class ModelServer:
         fail_first: int = 0,
         error_text: str = "internal error",
         delay: float = 0.0,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self.host = _loopback_only(host)
+        self.tls = tls
         self.port = port
         self.generation_text = generation_text
         self.model = model
@@ -126,6 +137,9 @@ class ModelServer:
         self.tokenizer = ByteTokenizer()
         self.lm = HashModel()
         self.counts: dict[str, int] = {}
+        self.chat_requests: list[list[dict[str, Any]]] = []
+        # The Authorization header of the last chat request (an API key's way in).
+        self.last_authorization: str | None = None
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -139,6 +153,14 @@ class ModelServer:
             owner = server
 
         httpd = _QuietServer((self.host, self.port), Handler)
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            # The handshake happens in each request's thread, on first read: a
+            # client that refuses the certificate never stalls the accept loop.
+            httpd.socket = context.wrap_socket(
+                httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._httpd = httpd
         self.port = int(httpd.server_address[1])
         self._thread = threading.Thread(
@@ -169,13 +191,22 @@ class ModelServer:
 
     @property
     def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:41234``."""
+        """Base URL, e.g. ``http://127.0.0.1:41234`` (``https://`` with TLS)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def completions_url(self) -> str:
         return self.url + "/v1/completions"
+
+    @property
+    def chat_url(self) -> str:
+        return self.url + "/v1/chat/completions"
+
+    def chat_messages(self) -> list[list[dict[str, Any]]]:
+        """The ``messages`` of every chat request so far (a copy)."""
+        with self._lock:
+            return [list(messages) for messages in self.chat_requests]
 
     def model_args(self, **extra: str) -> str:
         """lm_eval ``--model_args`` for ``local-completions`` against this server."""
@@ -229,6 +260,34 @@ class ModelServer:
             "model": body.get("model") or self.model,
             "choices": choices,
             "usage": {"prompt_tokens": sum(len(p) for p in prompts), "completion_tokens": 1},
+        }
+
+    def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+        ):
+            raise ValueError("messages must be a list of {role, content} objects")
+        with self._lock:
+            self.chat_requests.append(messages)
+            del self.chat_requests[:-MAX_CHAT_REQUESTS]
+        max_tokens = int(body.get("max_tokens") or 16)
+        stop = body.get("stop") or []
+        stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str)]
+        choice = self._generate_choice(0, max_tokens, stops)
+        return {
+            "id": f"chatcmpl-{self._bump('chat-ids')}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": choice["text"]},
+                    "finish_reason": choice["finish_reason"],
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 1},
         }
 
     def _echo_choice(self, index: int, prompt: list[int], with_logprobs: bool) -> dict[str, Any]:
@@ -311,7 +370,8 @@ class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):
+        # Nor is one that refuses our certificate (the TLS tests' point).
+        if not isinstance(sys.exc_info()[1], ConnectionError | ssl.SSLError):
             super().handle_error(request, client_address)
 
 
@@ -379,6 +439,11 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(500, owner.error_text)
                     return
                 self._send(200, owner.completions(body))
+            elif path == "/v1/chat/completions":
+                owner.last_authorization = self.headers.get("Authorization")
+                if owner.delay > 0:
+                    time.sleep(owner.delay)
+                self._send(200, owner.chat_completions(body))
             else:
                 self._send(404, {"error": f"no such endpoint: {path}"})
         except (ValueError, TypeError) as exc:
@@ -397,7 +462,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--error-text", default="internal error")
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM key of --tls-cert")
     args = parser.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
     server = ModelServer(
         host=args.host,
         port=args.port,
@@ -406,12 +475,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail_first=args.fail_first,
         error_text=args.error_text,
         delay=args.delay,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with server:
-        print(f"serving {server.completions_url}", flush=True)
+        print(f"serving {server.completions_url} and {server.chat_url}", flush=True)
         while not stop.wait(0.5):
             pass
     return 0

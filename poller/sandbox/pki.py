@@ -23,7 +23,7 @@ from poller import timefmt
 
 _VALIDITY = dt.timedelta(days=30)
 
-__all__ = ["CertPair", "Pki", "issue_cert", "issue_client_cert", "make_pki"]
+__all__ = ["CertPair", "Pki", "issue_cert", "issue_client_cert", "make_pki", "serving_ca"]
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,21 @@ def make_pki(directory: Path, *, extra_server_names: tuple[str, ...] = ()) -> Pk
         sa_private_key=sa_private,
         sa_public_key=sa_public,
     )
+
+
+def serving_ca(
+    directory: Path, server_names: tuple[str, ...] = ("127.0.0.1", "localhost")
+) -> tuple[Path, CertPair]:
+    """A throwaway CA of its own (``ca.crt``) and a serving certificate it signed.
+
+    For servers that tests reach over TLS (the sample model server): nothing
+    else trusts this CA, so a client succeeds only when given ``ca.crt``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    issuer = _Issuer(directory)
+    ca_cert = directory / "ca.crt"
+    ca_cert.write_bytes(issuer.cert.public_bytes(serialization.Encoding.PEM))
+    return ca_cert, issuer.issue("server", server_names[0], server_names=server_names)
 
 
 def issue_client_cert(pki: Pki, user: str, groups: tuple[str, ...] = ()) -> CertPair:

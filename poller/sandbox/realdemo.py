@@ -65,7 +65,7 @@ def real_node_documents(sample: str, model_server_image: str) -> list[dict[str, 
             continue
         spec = document["spec"]
         spec.pop("pod", None)
-        if spec.get("model") == "local-completions":
+        if spec.get("model") in ("local-completions", "local-chat-completions"):
             spec["pod"] = {"sidecars": [model_server_sidecar(model_server_image)]}
     return documents
 

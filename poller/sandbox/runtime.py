@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+import driver
 from poller import timefmt
 from poller.sandbox.localproc import (
     Container,
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 
 # A start error as containerd reports it.
 START_ERROR_CODE = 128
+# The image's driver is this checkout's: the interpreter's own install of the
+# package (an editable one may point at another clone) must not win over it.
+DRIVER_SOURCE = str(Path(driver.__file__).resolve().parents[1])
 
 
 def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> None:
@@ -54,6 +58,7 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
         "HOSTNAME": pod.name,
         "LANG": os.environ.get("LANG", "C.UTF-8"),
         "TMPDIR": str(pod.root / "tmp"),
+        "PYTHONPATH": DRIVER_SOURCE,
     }
     env = {**base, **env}
     cwd = pod.mapper.local(c.spec.get("workingDir") or "/")

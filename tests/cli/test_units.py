@@ -183,5 +183,28 @@ def test_flag_parsing() -> None:
         submit.build_from_flags(_flags(env_secret=["TOKEN=secret"]))
     with pytest.raises(CliError, match=r"spec.modelArgs\[0\].value \(--model-arg\)"):
         submit.validate(submit.build_from_flags(_flags(model_arg=["a=b\nc"])), from_flags=True)
+    chat = submit.build_from_flags(
+        _flags(
+            model_ca="configmap/service-ca:service-ca.crt",
+            system_instruction="Be brief.",
+            chat_template="",
+            fewshot_as_multiturn=True,
+        )
+    )["spec"]
+    assert chat["modelTLS"] == {
+        "caBundle": {"configMapKeyRef": {"name": "service-ca", "key": "service-ca.crt"}}
+    }
+    assert chat["systemInstruction"] == "Be brief."
+    assert chat["chatTemplate"] == {"enabled": True}
+    assert chat["fewshotAsMultiturn"] is True
+    named = submit.build_from_flags(_flags(chat_template="tool_use", model_ca="secret/ca:ca.crt"))
+    assert named["spec"]["chatTemplate"] == {"enabled": True, "name": "tool_use"}
+    assert named["spec"]["modelTLS"]["caBundle"] == {
+        "secretKeyRef": {"name": "ca", "key": "ca.crt"}
+    }
+    with pytest.raises(CliError, match="expected configmap/NAME:KEY"):
+        submit.build_from_flags(_flags(model_ca="ca.crt"))
+    with pytest.raises(CliError, match="fewshotAsMultiturn"):
+        submit.validate(submit.build_from_flags(_flags(fewshot_as_multiturn=True)), from_flags=True)
     assert follow.timeout_seconds("1m30s") == 90
     assert follow.timeout_seconds(None) is None

@@ -2,7 +2,7 @@
 
 Checks the vLLM-style tokenizer endpoints, the completions response shapes
 (parsed by lm_eval's own ``LocalCompletionsAPI`` parsers), determinism,
-stop sequences, failure injection, the loopback-only rule and the
+stop sequences, failure injection, the chat endpoint, the loopback-only rule and the
 standalone ``python -m poller.sandbox.model_server`` form.
 """
 
@@ -15,6 +15,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -143,3 +144,23 @@ def test_standalone(tmp_path: Any) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_chat_endpoint_answers_and_keeps_what_it_received(srv: ModelServer) -> None:
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Question: 2+2?\nAnswer:"},
+    ]
+    body = {"model": "toy", "messages": messages, "max_tokens": 64, "stop": ["\n"]}
+    before = len(srv.chat_messages())
+    out = call(srv.chat_url, body)
+    # lm_eval's own parser (it reads only think_end_token from the model).
+    model = SimpleNamespace(think_end_token=None)
+    parsed = LocalChatCompletion.parse_generations(model, out)  # type: ignore[arg-type]
+    assert parsed == ["The answer is 4."]
+    assert srv.chat_messages()[before:] == [messages]
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        call(srv.chat_url, {"messages": "not a list"})
+    assert caught.value.code == 400
