@@ -26,7 +26,7 @@ from enum import Enum
 
 from pydantic import ValidationError
 
-from poller import api, outcome, podspec
+from poller import api, outcome, podgit, podspec
 from poller.actions import (
     Action,
     ArchiveLog,
@@ -445,6 +445,10 @@ def _decide_with_pod(
         detail = ": ".join(part for part in (pod.reason, pod.message) if part)
         message = f"pod {pod.name} ended ({pod.phase}) before the evaluation ran"
         message = f"{message}: {detail}" if detail else message
+        if pod.failed_init is not None:
+            name, init = pod.failed_init
+            cloned = podgit.clone_failure(job.spec, name, init.exit_code, init.message)
+            message = cloned if cloned is not None else message
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodFailed")
     if step is Step.POD_DELETING:
         message = f"pod {pod.name} was deleted before the evaluation finished"
@@ -474,6 +478,7 @@ def _running(
         return Decision(draft.actions())
     if log.decoded.last_progress:
         draft.progress(log.decoded.last_progress)
+    outcome.record_task_sources(job, log, draft)
     held = outcome.holding(job, pod, settings, log, exec_view, draft) or []
     before: list[Action] = [a for a in held if isinstance(a, StoreResults)]
     releases = [a for a in held if isinstance(a, ReleaseHold)]
