@@ -2,20 +2,25 @@
 
 A ``spec.customTasks[i].git`` source is cloned before the evaluation starts,
 by init containers of the job pod that run ``git`` itself (setting
-``git-image``), one git command each, as argv lists (no shell anywhere):
+``git-image``), one git command each, as argv lists (no shell anywhere), into
+an emptyDir of its own mounted at ``/opt/lmeval/tasks/git-<i>``, under the
+one ``--include_path`` that also holds the ConfigMap sources:
 
-1. ``git init`` of ``/opt/lmeval/git/<i>`` in an emptyDir shared by the pod;
-2. ``git fetch`` of exactly what the spec names: the commit (depth 1, so the
+1. ``git init`` of that directory;
+2. with ``path``, ``git sparse-checkout set --no-cone /<path>/``: only that
+   directory of the repository is checked out, so lm_eval's recursive scan
+   sees no other YAML (CI files, other task collections);
+3. ``git fetch`` of exactly what the spec names: the commit (depth 1, so the
    server must allow fetching a commit by hash, as protocol v2 servers do),
    the branch or tag (depth 1), the branch in full when a commit on it is
    named too, or the remote HEAD;
-3. ``git checkout --detach`` of that commit (or of what was fetched);
-4. ``git log -1 --format=%H --output=/opt/lmeval/git/<i>.commit``, run in the
-   task directory (``path``), which both checks that the directory exists and
-   records the commit actually checked out, in a file the driver reads and
-   reports in its markers (`driver.payloads.TaskSourceFields`); the poller
-   puts it in ``status.taskSources``. So the pod needs no API rights to say
-   which commit it ran.
+4. ``git checkout --detach`` of that commit (or of what was fetched);
+5. ``git log -1 --format=%H --output=/opt/lmeval/git/<i>.commit``, run in the
+   task directory, which both checks that ``path`` exists and records the
+   commit actually checked out, in a file the driver reads and reports in its
+   markers (`driver.payloads.TaskSourceFields`); the poller puts it in
+   ``status.taskSources``. So the pod needs no API rights to say which
+   commit it ran.
 
 The containers run under the job's restricted profile, without a token and
 without API rights (they are the job pod's). Credentials, when a source names
@@ -25,10 +30,10 @@ only and read by git's own ``store`` credential helper (configured through
 prompts (``GIT_TERMINAL_PROMPT=0``), reads no system or user configuration,
 and may use only the transports the schema allows (``GIT_ALLOW_PROTOCOL``).
 
-The evaluation container sees each source's task directory read-only at
-``/opt/lmeval/tasks/git-<i>`` (a ``subPath`` mount of the shared emptyDir),
-under the one ``--include_path`` that also holds the ConfigMap sources, and
-the whole emptyDir read-only at ``/opt/lmeval/git`` for the driver.
+The evaluation container mounts every clone, and the commits' emptyDir at
+``/opt/lmeval/git``, read-only. (No ``subPath`` mounts: the repository keeps
+its layout, so a task file of ``path`` ``tasks`` is at
+``/opt/lmeval/tasks/git-<i>/tasks/``.)
 
 Pure: no I/O. Failures of an init container are told by `clone_failure`,
 which names the spec field.
@@ -63,8 +68,8 @@ __all__ = [
     "volumes",
 ]
 
-# The emptyDir the clones live in, where every git container mounts it.
-VOLUME = "git-tasks"
+# The emptyDir of the commits the clones checked out (one file per source).
+VOLUME = "git-commits"
 CLONE_ROOT = "/opt/lmeval/git"
 COMMIT_SUFFIX = ".commit"
 CONTAINER_PREFIX = "git-"
@@ -74,7 +79,7 @@ CREDENTIALS_MOUNT = "/var/run/lmeval/git-credentials"
 # non-root UID, which the pod gives on OpenShift (the namespace's range) and
 # these containers give themselves elsewhere.
 GIT_UID = 65532
-_STEPS = ("init", "fetch", "checkout", "record")
+_STEPS = ("init", "sparse", "fetch", "checkout", "record")
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _COMMIT_RE = re.compile(api.GIT_COMMIT)
 _CONTAINER_RE = re.compile(rf"^{CONTAINER_PREFIX}(\d+)-({'|'.join(_STEPS)})$")
@@ -100,7 +105,7 @@ def source_name(index: int) -> str:
 
 
 def task_dir(index: int) -> str:
-    """Where the evaluation container sees source `index`'s task files."""
+    """Source `index`'s directory (and volume name) under the tasks root."""
     return f"git-{index}"
 
 
@@ -127,12 +132,14 @@ def _checked(index: int, source: api.GitSource, settings: Settings) -> None:
 
 
 def volumes(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
-    """The pod's volumes for its Git sources: the clones' emptyDir, each credentials Secret."""
+    """The pod's volumes for its Git sources: one emptyDir per clone and one for
+    the commits, and each credentials Secret."""
     sources = git_sources(spec)
     if not sources:
         return []
     out: list[dict[str, Any]] = [{"name": VOLUME, "emptyDir": {}}]
     for index, source in sources:
+        out.append({"name": task_dir(index), "emptyDir": {}})
         if source.credentials_secret:
             out.append(
                 {
@@ -148,29 +155,29 @@ def volumes(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
 
 
 def main_mounts(spec: api.LMEvalJobSpec, tasks_root: str) -> list[dict[str, Any]]:
-    """The evaluation container's mounts: each task directory under `tasks_root`
-    (lm_eval's --include_path), and the clones for the driver, all read-only."""
+    """The evaluation container's mounts, read-only: each clone under `tasks_root`
+    (lm_eval's --include_path), and the commits for the driver."""
     sources = git_sources(spec)
     if not sources:
         return []
     mounts: list[dict[str, Any]] = [{"name": VOLUME, "mountPath": CLONE_ROOT, "readOnly": True}]
-    for index, source in sources:
-        sub = f"{index}/{source.path}" if source.path else str(index)
+    for index, _source in sources:
         mounts.append(
-            {
-                "name": VOLUME,
-                "mountPath": f"{tasks_root}/{task_dir(index)}",
-                "subPath": sub,
-                "readOnly": True,
-            }
+            {"name": task_dir(index), "mountPath": _repo(tasks_root, index), "readOnly": True}
         )
     return mounts
 
 
-def _argv(index: int, source: api.GitSource, step: str) -> list[str]:
-    repo = f"{CLONE_ROOT}/{index}"
+def _repo(tasks_root: str, index: int) -> str:
+    return f"{tasks_root}/{task_dir(index)}"
+
+
+def _argv(repo: str, index: int, source: api.GitSource, step: str) -> list[str]:
     if step == "init":
         return ["git", "init", "--quiet", "--", repo]
+    if step == "sparse":
+        # A gitignore-style pattern: the schema allows no wildcard in path.
+        return ["git", "-C", repo, "sparse-checkout", "set", "--no-cone", "--", f"/{source.path}/"]
     if step == "fetch":
         # What to fetch: exactly the commit, or the branch/tag (whole when a
         # commit on it is named), or the remote's HEAD. Options as single
@@ -218,12 +225,14 @@ def init_containers(
     security_context: dict[str, Any],
     pod_sets_user: bool,
     tmp_volume: str,
+    tasks_root: str,
 ) -> list[dict[str, Any]]:
     """The init containers that clone every Git source, in order.
 
     `security_context` is the restricted container profile; `pod_sets_user`
     says whether the pod already gives a UID (else these run as GIT_UID);
-    `tmp_volume` is the pod's emptyDir for /tmp (git's HOME).
+    `tmp_volume` is the pod's emptyDir for /tmp (git's HOME); `tasks_root` is
+    lm_eval's --include_path, where each clone is made.
     Raises GitPodError for a source the settings refuse.
     """
     containers: list[dict[str, Any]] = []
@@ -232,12 +241,17 @@ def init_containers(
         context.update(runAsUser=GIT_UID, runAsGroup=GIT_UID)
     for index, source in git_sources(spec):
         _checked(index, source, settings)
+        repo = _repo(tasks_root, index)
         for step in _STEPS:
+            if step == "sparse" and not source.path:
+                continue
             credentials = step == "fetch" and bool(source.credentials_secret)
             mounts: list[dict[str, Any]] = [
-                {"name": VOLUME, "mountPath": CLONE_ROOT},
+                {"name": task_dir(index), "mountPath": repo},
                 {"name": tmp_volume, "mountPath": "/tmp"},  # noqa: S108
             ]
+            if step == "record":
+                mounts.append({"name": VOLUME, "mountPath": CLONE_ROOT})
             if credentials:
                 mounts.append(
                     {
@@ -251,7 +265,7 @@ def init_containers(
                     "name": f"{CONTAINER_PREFIX}{index}-{step}",
                     "image": settings.git_image,
                     "imagePullPolicy": settings.image_pull_policy,
-                    "command": _argv(index, source, step),
+                    "command": _argv(repo, index, source, step),
                     "env": _env(credentials),
                     "securityContext": context,
                     "volumeMounts": mounts,
@@ -267,6 +281,7 @@ def init_containers(
 
 _WHAT = {
     "init": "preparing the clone",
+    "sparse": "selecting the path of",
     "fetch": "fetching",
     "checkout": "checking out",
     "record": "reading the commit of",

@@ -293,7 +293,7 @@ def build_pod(
         init_containers.append(_driver_init_container(settings))
     try:
         init_containers += podgit.init_containers(
-            spec, settings, _security_context(), run_as_user is not None, "tmp"
+            spec, settings, _security_context(), run_as_user is not None, "tmp", CUSTOM_TASKS_ROOT
         )
     except podgit.GitPodError as error:
         raise JobPodError(str(error)) from None

@@ -78,6 +78,7 @@ class PodStatusObject(TypedDict, total=False):
     message: Any
     conditions: Any
     containerStatuses: list[ContainerStatusObject] | None
+    initContainerStatuses: list[ContainerStatusObject] | None
 
 
 class PodObject(TypedDict, total=False):

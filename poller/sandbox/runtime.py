@@ -55,6 +55,11 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
         "LANG": os.environ.get("LANG", "C.UTF-8"),
         "TMPDIR": str(pod.root / "tmp"),
     }
+    if os.environ.get("PYTHONPATH"):
+        # The image's Python has the driver installed; here it is the code
+        # under test, which this process found through PYTHONPATH (the venv
+        # may hold another checkout's). A pod's own PYTHONPATH still wins.
+        base["PYTHONPATH"] = os.environ["PYTHONPATH"]
     env = {**base, **env}
     cwd = pod.mapper.local(c.spec.get("workingDir") or "/")
     if cwd == "/":
