@@ -6,10 +6,13 @@ the test namespace; every request is made *as* them, so the policy's CEL
 
 Checks, on LMEvalJobs of the real CRD:
 
-- a requester who cannot ``get`` a Secret named in ``spec.envSecrets`` or
-  ``spec.fileSecrets`` is refused (403) with a message naming the field, its
-  index and the Secret; one who can is admitted; the same for ConfigMaps in
-  ``spec.customTasks`` and the claim in ``spec.outputs.pvcName``;
+- a requester who cannot ``get`` a Secret named in ``spec.envSecrets``,
+  ``spec.fileSecrets`` or ``spec.customTasks[].git.credentialsSecret`` is
+  refused (403) with a message naming the field, its index and the Secret;
+  one who can is admitted; the same for ConfigMaps in
+  ``spec.customTasks[].configMap`` (Git and ConfigMap sources mixed, each
+  message with the entry's own index) and the claim in
+  ``spec.outputs.pvcName``;
 - more than 8 distinct Secrets are refused unless the requester may read
   every Secret of the namespace (the per-name checks are capped by CEL's cost
   budget);
@@ -374,6 +377,54 @@ def test_config_maps_and_claims_need_read_rights_too(people: People) -> None:
         "j", customTasks=[{"configMap": "tasks-shared"}], outputs={"pvcName": "pvc-shared"}
     )
     assert people.create("alice", shared) == (201, "")
+
+
+def git_tasks(secret: str | None = None) -> dict[str, Any]:
+    source: dict[str, Any] = {"url": "https://git.example.com/tasks.git", "branch": "main"}
+    if secret is not None:
+        source["credentialsSecret"] = secret
+    return {"git": source}
+
+
+def test_git_credentials_need_the_requesters_read_right(people: People) -> None:
+    # Git sources sit among ConfigMap sources: messages name the entry's own index.
+    refused(
+        people.create(
+            "alice",
+            job("j", customTasks=[{"configMap": "tasks-shared"}, git_tasks("s-hidden")]),
+        ),
+        403,
+        "spec.customTasks[1].git.credentialsSecret:",
+        "alice may not get Secret s-hidden",
+    )
+    refused(
+        people.create(
+            "alice",
+            job(
+                "j",
+                envSecrets=[env_secret("s-shared")],
+                customTasks=[git_tasks(), git_tasks("s-shared"), git_tasks("nope")],
+            ),
+        ),
+        403,
+        "spec.customTasks[2].git.credentialsSecret:",
+        "may not get Secret nope",
+    )
+    refused(
+        people.create(
+            "alice", job("j", customTasks=[git_tasks("s-shared"), {"configMap": "tasks-hidden"}])
+        ),
+        403,
+        "spec.customTasks[1].configMap:",
+        "tasks-hidden",
+    )
+    admitted = job(
+        "clones-what-she-may",
+        customTasks=[git_tasks(), {"configMap": "tasks-shared"}, git_tasks("s-shared")],
+    )
+    assert people.create("alice", admitted, dry_run=False) == (201, "")
+    # carol may read every Secret of the namespace: one check covers all names.
+    assert people.create("carol", job("j", customTasks=[git_tasks("s-hidden")])) == (201, "")
 
 
 def test_requesters_who_may_not_create_pods_are_refused(people: People) -> None:
