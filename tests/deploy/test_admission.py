@@ -462,6 +462,28 @@ def test_updates_are_judged_unless_they_only_stop_the_job(
     assert people.patch("alice", "edited", {"spec": {"cancel": True}}) == (200, "")
 
 
+def test_a_finished_jobs_spec_is_not_edited(people: People, admin_api: client.ApiClient) -> None:
+    assert people.create("alice", job("done"), dry_run=False) == (201, "")
+    assert people.patch("alice", "done", {"spec": {"limit": "5"}}) == (200, "")
+    client.CustomObjectsApi(admin_api).patch_namespaced_custom_object_status(
+        api.API_GROUP,
+        api.API_VERSION,
+        people.namespace,
+        api.PLURAL,
+        "done",
+        {"status": {"state": "Complete", "reason": "Succeeded"}},
+    )
+    refused(
+        people.patch("alice", "done", {"spec": {"limit": "6"}}),
+        422,
+        "spec: LMEvalJob done has finished",
+        "lmeval rerun done",
+    )
+    # Its TTL, labels and the lifecycle switches stay editable.
+    assert people.patch("alice", "done", {"spec": {"ttlSecondsAfterFinished": 60}}) == (200, "")
+    assert people.patch("alice", "done", {"metadata": {"labels": {"kept": "yes"}}}) == (200, "")
+
+
 def test_sidecars_only_for_requesters_who_may_create_pods(people: People) -> None:
     sidecar = {"name": "proxy", "image": "registry.example/proxy:1", "args": ["--port=8081"]}
     with_sidecar = job("with-sidecar", pod={"sidecars": [sidecar]})
