@@ -19,6 +19,8 @@ Checks, on LMEvalJobs of the real CRD:
 - a requester who may not create pods is refused any job;
 - updates are judged again when they change the spec, but not for
   ``cancel``/``suspend`` nor for metadata;
+- a finished job's spec is not edited (422, the message says to use
+  ``lmeval rerun``), while its TTL and labels stay editable;
 - sidecars (``spec.pod.sidecars``, issue 11) are admitted for a requester who
   may create pods and refused, with "sidecars need the right to create pods
   in <namespace>", for one who may not;
