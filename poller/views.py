@@ -266,9 +266,9 @@ class PodView:
     created: str = ""
     # The PodScheduled condition when it is not True (e.g. Unschedulable).
     unschedulable_message: str = ""
-    # The first init container that ended with a non-zero exit code, if any
-    # (its name and state): the main container will never start.
-    failed_init: tuple[str, ContainerView] | None = None
+    # The first init container that has not completed (its name and state),
+    # if any: the one the main container waits for, or the one that failed.
+    init: tuple[str, ContainerView] | None = None
     # Which of the job's pods the poller's keyed proof says this is (see
     # `poller.identity`); None when it carries no valid proof: not ours.
     proof_attempt: int | None = None
@@ -307,7 +307,7 @@ class PodView:
             else None,
             reason=status.get("reason") or "",
             message=status.get("message") or "",
-            failed_init=_failed_init(status),
+            init=_blocking_init(status),
             created=meta.get("creationTimestamp") or "",
             unschedulable_message=next(
                 (
@@ -320,10 +320,10 @@ class PodView:
         )
 
 
-def _failed_init(status: dict[str, Any]) -> tuple[str, ContainerView] | None:
+def _blocking_init(status: dict[str, Any]) -> tuple[str, ContainerView] | None:
     for item in status.get("initContainerStatuses") or []:
         view = ContainerView.from_status(item)
-        if view.state == "terminated" and view.exit_code not in (0, None):
+        if not (view.state == "terminated" and view.exit_code == 0):
             return str(item.get("name") or ""), view
     return None
 

@@ -286,3 +286,37 @@ def test_payload_reader_keeps_well_typed_sources() -> None:
     assert "task_sources" not in protocol.read_fields(body, protocol.FinalFields)
     body["task_sources"] = [{"name": "1"}]
     assert "task_sources" not in protocol.read_fields(body, protocol.FinalFields)
+
+
+def test_decide_names_the_git_field_and_the_waiting_init_container() -> None:
+    import dataclasses
+
+    from poller import decide
+    from poller.views import ContainerView
+    from tests.unit.test_decide import NOW, job, pod, status_of
+    from tests.unit.test_decide import SETTINGS as DECIDE_SETTINGS
+
+    git = {"url": URL, "branch": "nope"}
+    spec = {"customTasks": [{"git": git}], "allowCodeExecution": True}
+    scheduled = {"state": "Scheduled", "podName": "eval-abc123"}
+    failed_clone = ContainerView(
+        "terminated", reason="Error", exit_code=128, message="fatal: couldn't find remote ref nope"
+    )
+    ended = dataclasses.replace(
+        pod("waiting", phase="Failed", reason="PodInitializing"), init=("git-0-fetch", failed_clone)
+    )
+    status = status_of(decide.decide(job(scheduled, **spec), ended, DECIDE_SETTINGS, NOW))
+    assert status.reason == api.JobReason.FAILED
+    assert status.message == (
+        f"spec.customTasks[0].git.branch: fetching {URL} at nope failed: "
+        "fatal: couldn't find remote ref nope"
+    )
+    pulling = ContainerView("waiting", reason="ImagePullBackOff", message="Back-off pulling git")
+    stuck = dataclasses.replace(
+        pod("waiting", phase="Pending", created_ago=700, reason="PodInitializing"),
+        init=("git-0-init", pulling),
+    )
+    status = status_of(decide.decide(job(scheduled, **spec), stuck, DECIDE_SETTINGS, NOW))
+    assert "init container git-0-init: ImagePullBackOff: Back-off pulling git" in (
+        status.message or ""
+    )
