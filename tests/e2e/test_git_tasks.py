@@ -12,7 +12,8 @@ local node, where the init containers' ``git`` is the host's git. Checks:
   job succeeds with ``status.taskSources[0].commit`` equal to that commit,
   even though ``main`` has moved on;
 - a job on branch ``main`` over authenticated HTTP, with a credentials
-  Secret, records the commit ``main`` pointed at, the server saw authenticated
+  Secret, evaluates the sample model server (``local-completions``) on the
+  repository's task and records the commit ``main`` pointed at, the server saw authenticated
   requests, and the password appears nowhere in the pod's spec;
 - a wrong branch and a wrong password end the job Failed before lm_eval runs,
   with git's words and the field to fix.
@@ -29,6 +30,7 @@ from kubernetes import client
 
 from poller import podgit
 from poller.reconciler import Reconciler
+from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample
 from tests.e2e.gitserver import GitDaemon, GitHttp, commit_files, git
@@ -90,8 +92,9 @@ def code_allowed(admin_api: client.ApiClient, poller: Reconciler) -> Reconciler:
     return poller
 
 
-def _create(jobs: Jobs, name: str, git_source: dict[str, Any]) -> None:
-    _, body = sample("dummy-model")
+def _create(jobs: Jobs, name: str, git_source: dict[str, Any], port: int | None = None) -> None:
+    # lm_eval's dummy model, or with `port` the sample model server over HTTP.
+    _, body = sample("dummy-model") if port is None else sample("served-model", port)
     spec = dict(body["spec"])
     spec.update(
         tasks=["git_arith"], customTasks=[{"git": git_source}], allowCodeExecution=True, limit="4"
@@ -153,19 +156,28 @@ def test_pinned_commit_from_git_daemon(
 
 
 def test_branch_over_authenticated_http(
-    code_allowed: Reconciler, jobs: Jobs, runner: LocalRunner, repo: Repo
+    code_allowed: Reconciler,
+    jobs: Jobs,
+    runner: LocalRunner,
+    repo: Repo,
+    model_server: ModelServer,
 ) -> None:
     url = repo.http.url("tasks.git")
     _credentials(jobs, "git-auth", PASSWORD, repo.http.port)
     served_before = repo.http.served
     source = {"url": url, "branch": "main", "path": "tasks", "credentialsSecret": "git-auth"}
-    _create(jobs, "on-main", source)
+    asked = model_server.count("POST /v1/completions")
+    _create(jobs, "on-main", source, port=model_server.port)
     final = _finished(code_allowed, jobs, "on-main")
     assert final["reason"] == "Succeeded", final.get("message")
     assert final["taskSources"] == [
         {"name": "customTasks[0]", "url": url, "branch": "main", "commit": repo.head}
     ]
+    # main's task file (version 2), evaluated against the model server.
+    results = json.loads(final["results"])
+    assert str(results["versions"]["git_arith"]) in ("2", "2.0"), results["versions"]
     assert repo.http.served > served_before
+    assert model_server.count("POST /v1/completions") > asked
     pod = jobs.pod(final["podName"])
     assert PASSWORD not in json.dumps(jobs.core.api_client.sanitize_for_serialization(pod))
 
