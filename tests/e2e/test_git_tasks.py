@@ -16,7 +16,8 @@ local node, where the init containers' ``git`` is the host's git. Checks:
   repository's task and records the commit ``main`` pointed at, the server saw authenticated
   requests, and the password appears nowhere in the pod's spec;
 - a wrong branch and a wrong password end the job Failed before lm_eval runs,
-  with git's words and the field to fix.
+  with git's words and the field to fix; a plaintext URL to another host
+  fails before any pod exists, naming the setting that would allow it.
 """
 
 from __future__ import annotations
@@ -219,3 +220,16 @@ def test_tag_is_resolved_and_recorded(
     final = _finished(code_allowed, jobs, "on-tag")
     assert final["reason"] == "Succeeded", final.get("message")
     assert final["taskSources"][0]["commit"] == repo.first
+
+
+def test_plaintext_to_another_host_fails_before_any_pod(
+    code_allowed: Reconciler, jobs: Jobs
+) -> None:
+    _create(jobs, "plain-http", {"url": "http://git.example.com/tasks.git"})
+    final = _finished(code_allowed, jobs, "plain-http")
+    assert final["reason"] == "Failed"
+    assert final["message"].startswith(
+        "spec.customTasks[0].git.url: http:// is unencrypted and unauthenticated"
+    ), final["message"]
+    assert "git-allow-plaintext" in final["message"]
+    assert jobs.pods() == []
