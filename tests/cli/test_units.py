@@ -185,3 +185,28 @@ def test_flag_parsing() -> None:
         submit.validate(submit.build_from_flags(_flags(model_arg=["a=b\nc"])), from_flags=True)
     assert follow.timeout_seconds("1m30s") == 90
     assert follow.timeout_seconds(None) is None
+
+
+def test_get_shows_the_commits_of_git_task_sources() -> None:
+    from poller.cli import render
+
+    sha = "3039f5ab07bd1865078460dbf92219adbcd1c2b3"
+    job = {
+        "metadata": {"name": "j", "namespace": "ns", "creationTimestamp": "2026-12-01T10:00:00Z"},
+        "spec": {"customTasks": [{"git": {"url": "https://g/r.git", "branch": "main"}}]},
+        "status": {
+            "state": "Complete",
+            "reason": "Succeeded",
+            "taskSources": [
+                {
+                    "name": "customTasks[0]",
+                    "url": "https://g/r.git",
+                    "branch": "main",
+                    "commit": sha,
+                }
+            ],
+        },
+    }
+    pairs = dict(render._status_pairs(job, dt.datetime(2026, 12, 1, 11, tzinfo=dt.UTC)))
+    assert pairs["Tasks customTasks[0]"] == f"https://g/r.git (main) at {sha}"
+    assert dict(facts.spec_summary(job))["Custom tasks"] == "https://g/r.git"
