@@ -37,6 +37,7 @@ from driver.contract import (
     OPT_OUTPUT_ROOT,
     OPT_PROGRESS_INTERVAL,
     OPT_RUN_ID,
+    OPT_TASK_SOURCES,
 )
 from driver.run import DEFAULT_OUTPUT_ROOT, Run, RunOptions, release
 
@@ -139,6 +140,12 @@ def _run_parser() -> argparse.ArgumentParser:
         help="exec mode: after the final marker stay alive up to S seconds, or until "
         f"'{DRIVER_PROGRAM} {CMD_RELEASE}' (default: %(default)s)",
     )
+    parser.add_argument(
+        OPT_TASK_SOURCES,
+        metavar="DIR",
+        help="report the commit in each DIR/<name>.commit file (task sources cloned from "
+        "Git) in the started and final markers",
+    )
     return parser
 
 
@@ -206,6 +213,7 @@ def parse_run_options(args: Sequence[str]) -> RunOptions:
         log_copy=parsed.log_copy,
         hold_seconds=parsed.hold_seconds,
         run_id=parsed.run_id,
+        task_sources=parsed.task_sources,
     )
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "OPT_OUTPUT_ROOT",
     "OPT_PROGRESS_INTERVAL",
     "OPT_RUN_ID",
+    "OPT_TASK_SOURCES",
     "driver_command",
     "release_argv",
     "run_argv",
@@ -81,6 +82,10 @@ OPT_PROGRESS_INTERVAL = "--progress-interval"
 OPT_GRACE_PERIOD = "--grace-period"
 OPT_LOG_COPY = "--log-copy"
 OPT_HOLD_SECONDS = "--hold-seconds"
+# A directory of <name>.commit files, one per task source cloned from Git
+# before the driver started (the poller's init containers write them): the
+# driver reports each name and commit in its started and final markers.
+OPT_TASK_SOURCES = "--task-sources"
 
 # Environment variables the driver reads: defaults of --output-root (the pod
 # sets it, so that ``release`` through exec finds the same root) and --run-id.
@@ -113,6 +118,7 @@ def run_argv(
     log_copy: str | None = None,
     progress_interval: float | None = None,
     run_id: str | None = None,
+    task_sources: str | None = None,
 ) -> list[str]:
     """The argv of one run: `command` (see :func:`driver_command`), the options
     given (the driver's defaults for the others), ``--`` and the child's argv."""
@@ -123,6 +129,7 @@ def run_argv(
         (OPT_LOG_COPY, log_copy),
         (OPT_PROGRESS_INTERVAL, progress_interval),
         (OPT_RUN_ID, run_id),
+        (OPT_TASK_SOURCES, task_sources),
     ]
     given = [_option(flag, value) for flag, value in options if value is not None]
     return [*command, *given, END_OF_OPTIONS, *child_argv]

@@ -70,6 +70,8 @@ class Outcome:
     signal: int | None
     message: str
     results_path: str | None
+    # Task sources cloned from Git: (name, commit), as the driver read them.
+    task_sources: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,9 @@ class LogDecoder:
             signal=final.get("signal"),
             message=final.get("message", ""),
             results_path=final.get("results_path"),
+            task_sources=tuple(
+                (source["name"], source["commit"]) for source in final.get("task_sources", [])
+            ),
         )
 
     def _results(self) -> tuple[dict[str, Any] | None, str | None]:

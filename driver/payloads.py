@@ -21,6 +21,7 @@ __all__ = [
     "ProgressFields",
     "ResultsChunkFields",
     "StartedFields",
+    "TaskSourceFields",
     "read_complete_fields",
     "read_fields",
 ]
@@ -29,6 +30,13 @@ __all__ = [
 # driver writes it (the order is part of the wire: tests compare bytes). The
 # driver builds these; a reader gets them from `read_fields`, which keeps only
 # well-typed values, so on the reading side every key may be absent.
+
+
+class TaskSourceFields(TypedDict):
+    """A task source cloned from Git before the run: its name and the commit checked out."""
+
+    name: str  # the stem of its <name>.commit file (the poller's index of the source)
+    commit: str  # full hash, 40 or 64 hex digits
 
 
 class StartedFields(TypedDict):
@@ -45,6 +53,7 @@ class StartedFields(TypedDict):
     progress_interval: float
     grace_period: float
     hold_seconds: float
+    task_sources: NotRequired[list[TaskSourceFields]]  # with --task-sources only
 
 
 class ProgressFields(TypedDict):
@@ -86,6 +95,7 @@ class FinalDetails(TypedDict, total=False):
     results_sha256: str
     results_chunks: int
     results_note: str  # why results_chunks is 0
+    task_sources: list[TaskSourceFields]  # with --task-sources, whatever the outcome
 
 
 class FinalFields(FinalDetails):
@@ -119,6 +129,13 @@ def _conforms(value: object, hint: Any) -> bool:
         return type(value) in (int, float)
     if hint is str or hint is bool:
         return type(value) is hint
+    if typing.is_typeddict(hint):
+        if not isinstance(value, dict):
+            return False
+        hints, required = _shape(hint)
+        return required.issubset(value) and all(
+            _conforms(value[key], hints[key]) for key in hints if key in value
+        )
     origin = typing.get_origin(hint)
     if origin is list:
         (item,) = typing.get_args(hint)

@@ -41,7 +41,13 @@ from driver.contract import (
 )
 
 if TYPE_CHECKING:  # the protocol module is imported once the child runs
-    from driver.protocol import FinalDetails, FinalEvent, FinalFields, StartedFields
+    from driver.protocol import (
+        FinalDetails,
+        FinalEvent,
+        FinalFields,
+        StartedFields,
+        TaskSourceFields,
+    )
 
 DEFAULT_OUTPUT_ROOT = "/tmp/lmeval-output"  # noqa: S108 - an emptyDir in the pod
 RELEASE_FILE = ".release"
@@ -71,6 +77,7 @@ class RunOptions:
         log_copy: str | None = None,
         hold_seconds: float = 0.0,
         run_id: str | None = None,
+        task_sources: str | None = None,
     ) -> None:
         self.child_argv = list(child_argv)
         self.output_root = output_root
@@ -79,6 +86,7 @@ class RunOptions:
         self.log_copy = log_copy
         self.hold_seconds = hold_seconds
         self.run_id = run_id
+        self.task_sources = task_sources
 
 
 class _Cancel:
@@ -140,6 +148,35 @@ def find_results(run_dir: str) -> str | None:
     return max(found)[1] if found else None
 
 
+_COMMIT_SUFFIX = ".commit"
+_COMMIT_CHARS = frozenset("0123456789abcdef")
+# A name is a file's stem (the poller writes indices); the markers stay small.
+_MAX_TASK_SOURCES = 64
+
+
+def read_task_sources(directory: str) -> list[TaskSourceFields] | str:
+    """The commit of each ``<name>.commit`` file in `directory`, by name; or why not."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(_COMMIT_SUFFIX))
+    except OSError as exc:
+        return f"cannot read the task sources in {directory}: {exc}"
+    if len(names) > _MAX_TASK_SOURCES:
+        return f"{len(names)} task sources in {directory}, at most {_MAX_TASK_SOURCES}"
+    sources: list[TaskSourceFields] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path, "rb") as fh:
+                text = fh.read(200).decode("ascii", "replace").strip()
+        except OSError as exc:
+            return f"cannot read {path}: {exc}"
+        if len(text) not in (40, 64) or not _COMMIT_CHARS.issuperset(text):
+            return f"{path} holds no full commit hash: {text[:80]!r}"
+        stem = name[: -len(_COMMIT_SUFFIX)][:64]
+        sources.append({"name": stem, "commit": text})
+    return sources
+
+
 class Run:
     """State of one driver invocation."""
 
@@ -156,6 +193,7 @@ class Run:
         self._stdout_fd, self._stderr_fd = stdout_fd, stderr_fd
         self.final_code: int | None = None  # set once the final marker is out
         self.child_env: dict[str, str] | None = None  # None: the driver's own
+        self.task_sources: list[TaskSourceFields] | None = None  # with --task-sources
 
     # -- markers -------------------------------------------------------------
 
@@ -179,6 +217,8 @@ class Run:
             "signal": signum,
             **details,
         }
+        if self.task_sources is not None:
+            fields["task_sources"] = self.task_sources
         self.sink.marker(encode_final(event, fields))
         self.final_code = exit_code
         if event != EVENT_COMPLETED:
@@ -246,6 +286,11 @@ class Run:
             )
         if not valid_run_id(self.run_id):
             return f"invalid run id {self.run_id!r}"
+        if self.opts.task_sources is not None:
+            sources = read_task_sources(self.opts.task_sources)
+            if isinstance(sources, str):
+                return sources
+            self.task_sources = sources
         try:
             os.makedirs(self.opts.output_root, exist_ok=True)
             os.mkdir(self.run_dir)
@@ -291,6 +336,8 @@ class Run:
             "grace_period": self.opts.grace_period,
             "hold_seconds": self.opts.hold_seconds,
         }
+        if self.task_sources is not None:
+            started["task_sources"] = self.task_sources
         self.sink.marker(encode_started(started))
 
         def on_progress(p: Progress) -> None:

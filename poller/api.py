@@ -91,6 +91,18 @@ LABEL_VALUE = rf"^({_NAME63})?$"
 # One --system_instruction= token, 4 bytes a character at worst: within
 # rules.ARGV_TOKEN_BYTES_MAX.
 SYSTEM_INSTRUCTION_CHARS_MAX = 8000
+# Git: a URL without user information, query or fragment, with a scheme git
+# itself handles (never ext:: or file://, never a leading "-"); a ref name as
+# git check-ref-format allows it, conservatively; a full commit hash (SHA-1
+# or SHA-256); a relative path without "." segments (so no "..", no ".git").
+_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
+_HOST = rf"({_LABEL}([.]{_LABEL})*|\[[0-9A-Fa-f:.]+\])"
+GIT_URL = rf"^(https|http|git)://{_HOST}(:[0-9]{{1,5}})?(/[A-Za-z0-9._~%+@:-]+)*/?$"
+_REF_PART = r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_-])?"
+GIT_REF = rf"^{_REF_PART}(/{_REF_PART})*$"
+GIT_COMMIT = r"^([0-9a-f]{40}|[0-9a-f]{64})$"
+_PATH_PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+REPO_PATH = rf"^{_PATH_PART}(/{_PATH_PART})*$"
 
 
 class _Model(BaseModel):
@@ -266,14 +278,53 @@ class PodOverride(_Model):
     )
 
 
-class CustomTasks(_Model):
-    """Task YAML files and their data, from a ConfigMap, for offline clusters."""
+class GitSource(_Model):
+    """A Git repository of task files, cloned at a pinned commit before the evaluation."""
 
-    config_map: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+    url: Annotated[str, Field(pattern=GIT_URL, max_length=2048)] = Field(
+        description="Repository URL: https://, or http:// and git:// (unencrypted, so only to "
+        "loopback hosts unless the poller setting git-allow-plaintext is true). No user or "
+        "password in the URL: use credentialsSecret."
+    )
+    branch: Annotated[str, Field(pattern=GIT_REF, max_length=255)] | None = Field(
+        default=None,
+        description="Branch or tag to clone. Resolved when the pod starts; the commit actually "
+        "used is recorded in status.taskSources. With commit, the commit must be on it.",
+    )
+    commit: Annotated[str, Field(pattern=GIT_COMMIT)] | None = Field(
+        default=None,
+        description="Full commit hash (40 or 64 hex digits) checked out exactly. Without "
+        "branch and commit, the repository's default branch is cloned.",
+    )
+    path: Annotated[str, Field(pattern=REPO_PATH, max_length=1024)] | None = Field(
+        default=None,
+        description="Directory inside the repository that holds the task files (no segment "
+        "starting with '.'); the whole repository when omitted.",
+    )
+    credentials_secret: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="Secret with a key .git-credentials in git's credential-store format "
+        "(https://USER:TOKEN@HOST, one per line), mounted as a file into the clone's "
+        "container only and read by git's own store helper. The requester must be able to "
+        "read it.",
+    )
+
+
+class CustomTasks(_Model):
+    """Task YAML files and their data, from a ConfigMap or a Git repository."""
+
+    config_map: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
         description="ConfigMap whose keys are task YAML and data files. The pod mounts an "
         "immutable copy owned by the job at /opt/lmeval/tasks/<name>; data_files paths in the "
         "YAML must be absolute under it. Task files that name Python (!function, class, .py "
-        "files, templates reaching Python) need allowCodeExecution."
+        "files, templates reaching Python) need allowCodeExecution.",
+    )
+    git: GitSource | None = Field(
+        default=None,
+        description="A Git repository, cloned by an init container without API rights into "
+        "/opt/lmeval/tasks/git-<i> (i: this entry's index). Its files are not inspected by the "
+        "poller, so a Git source needs allowCodeExecution.",
     )
 
 
@@ -357,6 +408,21 @@ _FEWSHOT_RULE: dict[str, JsonValue] = {
 }
 
 
+def _task_source_problem(entries: list[CustomTasks]) -> str | None:
+    wrong = [i for i, t in enumerate(entries) if (t.config_map is None) == (t.git is None)]
+    if not wrong:
+        return None
+    where = ", ".join(f"spec.customTasks[{i}]" for i in wrong)
+    return f"each custom task source sets exactly one of configMap and git: {where}"
+
+
+_ONE_TASK_SOURCE_RULE = rules.Cel(
+    rule="self.all(t, has(t.configMap) != has(t.git))",
+    message="each custom task source sets exactly one of configMap and git",
+    problem=_task_source_problem,
+)
+
+
 class LMEvalJobSpec(_Model):
     """What to evaluate and how the job pod may look."""
 
@@ -423,9 +489,12 @@ class LMEvalJobSpec(_Model):
     file_secrets: Annotated[list[FileSecret], Field(max_length=rules.FILE_SECRETS_MAX)] | None = (
         Field(default=None, description="Secrets mounted as files.")
     )
-    custom_tasks: Annotated[list[CustomTasks], Field(max_length=16)] | None = Field(
+    custom_tasks: (
+        Annotated[list[CustomTasks], Field(max_length=16), _ONE_TASK_SOURCE_RULE] | None
+    ) = Field(
         default=None,
-        description="ConfigMaps with task definitions, passed to lm_eval with --include_path.",
+        description="Task definitions from ConfigMaps or Git repositories, passed to lm_eval "
+        "with --include_path. Each entry sets exactly one of configMap and git.",
     )
     pod: PodOverride | None = Field(default=None, description="Restricted pod overrides.")
     size: Annotated[str, Field(pattern=DNS_LABEL, max_length=63)] | None = Field(
@@ -555,6 +624,15 @@ class Progress(_Model):
     update_time: str | None = Field(default=None, description="When the poller last read it.")
 
 
+class TaskSourceStatus(_Model):
+    """A Git task source as the evaluation used it."""
+
+    name: str = Field(description="The spec entry, e.g. customTasks[0].")
+    url: str | None = Field(default=None, description="spec's git.url.")
+    branch: str | None = Field(default=None, description="spec's git.branch, if any.")
+    commit: str = Field(description="The commit checked out.")
+
+
 class LMEvalJobStatus(_Model):
     """What the poller observed; written only by the poller."""
 
@@ -599,6 +677,11 @@ class LMEvalJobStatus(_Model):
     )
     outputs: str | None = Field(
         default=None, description="Where the full outputs are kept (spec.outputs.pvcName)."
+    )
+    task_sources: list[TaskSourceStatus] | None = Field(
+        default=None,
+        description="The Git task sources the evaluation used, each with the commit checked "
+        "out (as the driver read it in the pod).",
     )
     conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
     observed_generation: int | None = Field(

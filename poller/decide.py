@@ -26,7 +26,7 @@ from enum import Enum
 
 from pydantic import ValidationError
 
-from poller import api, outcome, podspec
+from poller import api, outcome, podgit, podspec
 from poller.actions import (
     Action,
     ArchiveLog,
@@ -43,7 +43,7 @@ from poller.draft import StatusDraft
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.settings import Settings
 from poller.timefmt import parse_time
-from poller.views import ExecView, JobView, LogView, PodView, QueueSlot
+from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 
 __all__ = [
     "EXACT_QUEUE_POSITIONS",
@@ -249,10 +249,26 @@ def _retention(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
 def _pending_cause(pod: PodView) -> str:
     if pod.unschedulable_message:
         return pod.unschedulable_message
+    waiting = _waiting_init(pod)
+    if waiting is not None:
+        name, init = waiting
+        detail = f": {init.message}" if init.message else ""
+        return f"init container {name}: {init.reason}{detail}"
     if pod.main.state == "waiting" and pod.main.reason:
         detail = f": {pod.main.message}" if pod.main.message else ""
         return f"{pod.main.reason}{detail}"
     return f"pod phase {pod.phase}"
+
+
+def _waiting_init(pod: PodView) -> tuple[str, ContainerView] | None:
+    """The init container the pod waits for, when it waits for a reason
+    (ErrImagePull of the git-image, ...) rather than merely starting."""
+    if pod.init is None:
+        return None
+    init = pod.init[1]
+    if init.state != "waiting" or init.reason in ("", "PodInitializing"):
+        return None
+    return pod.init
 
 
 def _pending(job: JobView, pod: PodView, settings: Settings, now: dt.datetime) -> Decision | None:
@@ -265,6 +281,8 @@ def _pending(job: JobView, pod: PodView, settings: Settings, now: dt.datetime) -
     reason = "PodPendingTimeout"
     if pod.unschedulable_message:
         reason = "Unschedulable"
+    elif (waiting := _waiting_init(pod)) is not None and waiting[1].reason in _WAITING_CAUSES:
+        reason = waiting[1].reason
     elif pod.main.reason in _WAITING_CAUSES:
         reason = pod.main.reason
     return _stop(job, pod, settings, now, R.FAILED, message, cause=reason)
@@ -445,6 +463,10 @@ def _decide_with_pod(
         detail = ": ".join(part for part in (pod.reason, pod.message) if part)
         message = f"pod {pod.name} ended ({pod.phase}) before the evaluation ran"
         message = f"{message}: {detail}" if detail else message
+        if pod.init is not None and pod.init[1].state == "terminated":
+            name, init = pod.init
+            cloned = podgit.clone_failure(job.spec, name, init.exit_code, init.message)
+            message = cloned if cloned is not None else message
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodFailed")
     if step is Step.POD_DELETING:
         message = f"pod {pod.name} was deleted before the evaluation finished"
@@ -474,6 +496,7 @@ def _running(
         return Decision(draft.actions())
     if log.decoded.last_progress:
         draft.progress(log.decoded.last_progress)
+    outcome.record_task_sources(job, log, draft)
     held = outcome.holding(job, pod, settings, log, exec_view, draft) or []
     before: list[Action] = [a for a in held if isinstance(a, StoreResults)]
     releases = [a for a in held if isinstance(a, ReleaseHold)]

@@ -18,7 +18,7 @@ import datetime as dt
 import json
 
 from driver import protocol
-from poller import api, podspec, results
+from poller import api, podgit, podspec, results
 from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
 from poller.draft import StatusDraft
 from poller.settings import Settings
@@ -37,6 +37,7 @@ __all__ = [
     "first_results_window",
     "holding",
     "next_results_window",
+    "record_task_sources",
     "results_read_while_held",
     "results_to_exec",
     "termination_message",
@@ -167,7 +168,21 @@ def complete(
         draft.finish(R.FAILED, f"{outcome.message} (exit code {exit_code})")
     if decoded.last_progress:
         draft.progress(decoded.last_progress)
+    record_task_sources(job, log, draft)
     return Decision(draft.actions(before=actions))
+
+
+def record_task_sources(job: JobView, log: LogView, draft: StatusDraft) -> None:
+    """status.taskSources from the commits the driver reported (final marker, else started)."""
+    reported: tuple[tuple[str, str], ...] = ()
+    if log.decoded.outcome is not None:
+        reported = log.decoded.outcome.task_sources
+    if not reported and log.decoded.started is not None:
+        started = protocol.read_fields(log.decoded.started, protocol.StartedFields)
+        reported = tuple((s["name"], s["commit"]) for s in started.get("task_sources", []))
+    entries = podgit.status_entries(job.spec, reported)
+    if entries:
+        draft.fields["task_sources"] = entries
 
 
 def _results_window(log: LogView) -> int | None:

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from driver import protocol
-from poller import api, podtls
+from poller import api, podgit, podtls
 from poller.settings import Settings
 from poller.specrules import OFFLINE_ENV, env_name_problem
 
@@ -132,8 +132,15 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
         argv.append("--log_samples")
     if spec.allow_code_execution:
         argv.append("--confirm_run_unsafe_code")
+    if podgit.git_sources(spec) and not spec.allow_code_execution:
+        index = podgit.git_sources(spec)[0][0]
+        raise JobPodError(
+            f"spec.customTasks[{index}].git: task files from Git are not inspected by the "
+            "poller, and lm_eval runs the Python they name: set spec.allowCodeExecution (and "
+            "allow-code-execution: true in ConfigMap lmeval-poller-config)"
+        )
     if spec.custom_tasks:
-        # lm_eval scans the directory recursively: one path covers every ConfigMap.
+        # lm_eval scans the directory recursively: one path covers every source.
         argv.append(f"--include_path={CUSTOM_TASKS_ROOT}")
     argv += _chat_argv(spec)
     argv.append(f"--device={spec.device or _default_device(spec, settings)}")
@@ -265,7 +272,9 @@ def driver_command(settings: Settings) -> list[str]:
 def _sidecars(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
     containers: list[dict[str, Any]] = []
     for sidecar in (spec.pod.sidecars if spec.pod else None) or []:
-        if sidecar.name in (MAIN_CONTAINER, "install-driver"):
+        if sidecar.name in (MAIN_CONTAINER, "install-driver") or podgit.is_container_name(
+            sidecar.name
+        ):
             raise JobPodError(f"spec.pod.sidecars: the name {sidecar.name!r} is reserved")
         container = sidecar.model_dump(by_alias=True, exclude_none=True)
         # Whatever the job asked for, a sidecar runs under the same restricted
@@ -302,6 +311,14 @@ def build_pod(
         volumes.append({"name": "driver", "emptyDir": {}})
         mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
         init_containers.append(_driver_init_container(settings))
+    try:
+        init_containers += podgit.init_containers(
+            spec, settings, _security_context(), run_as_user is not None, "tmp", CUSTOM_TASKS_ROOT
+        )
+    except podgit.GitPodError as error:
+        raise JobPodError(str(error)) from None
+    volumes += podgit.volumes(spec)
+    mounts += podgit.main_mounts(spec, CUSTOM_TASKS_ROOT)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": settings.job_service_account,
@@ -356,6 +373,8 @@ def _job_volumes(
         volumes.append({"name": f"secret-{index}", "secret": volume})
         mounts.append({"name": f"secret-{index}", "mountPath": secret.mount_path, "readOnly": True})
     for source in spec.custom_tasks or []:
+        if source.config_map is None:
+            continue  # a Git source: see poller.podgit
         # The pod mounts the job's immutable snapshot of the ConfigMap (made by
         # the poller just before the pod, see poller/tasksnapshot.py), at the
         # path named after the source, where the task files point.
@@ -405,6 +424,7 @@ def _main_container(
         grace_period=DRIVER_GRACE_SECONDS,
         hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
         log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
+        task_sources=podgit.CLONE_ROOT if podgit.git_sources(spec) else None,
     )
     main: dict[str, Any] = {
         "name": MAIN_CONTAINER,

@@ -196,6 +196,10 @@ class Settings(BaseModel):
     driver_image: Annotated[
         str, Field(alias="driver-image", pattern=_IMAGE, max_length=MAX_IMAGE_CHARS)
     ] = ""
+    git_image: Annotated[
+        str, Field(alias="git-image", pattern=_IMAGE, min_length=1, max_length=MAX_IMAGE_CHARS)
+    ] = "docker.io/alpine/git:v2.45.1"
+    git_allow_plaintext: Annotated[Flag, Field(alias="git-allow-plaintext")] = False
     image_pull_policy: Annotated[
         Literal["Always", "IfNotPresent", "Never"], Field(alias="image-pull-policy")
     ] = "IfNotPresent"

@@ -119,6 +119,8 @@ def prepare_custom_tasks(kube: Kube, job: JobView, settings: Settings) -> str | 
     spec = api.LMEvalJobSpec.model_validate(job.spec)
     sources: list[_Source] = []
     for index, entry in enumerate(spec.custom_tasks or []):
+        if entry.config_map is None:
+            continue  # a Git source: cloned in the pod (poller.podgit)
         where = f"spec.customTasks[{index}]"
         obj = kube.read_configmap(job.namespace, entry.config_map)
         if obj is None:

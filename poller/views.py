@@ -78,6 +78,7 @@ class PodStatusObject(TypedDict, total=False):
     message: Any
     conditions: Any
     containerStatuses: list[ContainerStatusObject] | None
+    initContainerStatuses: list[ContainerStatusObject] | None
 
 
 class PodObject(TypedDict, total=False):
@@ -265,6 +266,9 @@ class PodView:
     created: str = ""
     # The PodScheduled condition when it is not True (e.g. Unschedulable).
     unschedulable_message: str = ""
+    # The first init container that has not completed (its name and state),
+    # if any: the one the main container waits for, or the one that failed.
+    init: tuple[str, ContainerView] | None = None
     # Which of the job's pods the poller's keyed proof says this is (see
     # `poller.identity`); None when it carries no valid proof: not ours.
     proof_attempt: int | None = None
@@ -303,6 +307,7 @@ class PodView:
             else None,
             reason=status.get("reason") or "",
             message=status.get("message") or "",
+            init=_blocking_init(status),
             created=meta.get("creationTimestamp") or "",
             unschedulable_message=next(
                 (
@@ -313,6 +318,14 @@ class PodView:
                 "",
             ),
         )
+
+
+def _blocking_init(status: dict[str, Any]) -> tuple[str, ContainerView] | None:
+    for item in status.get("initContainerStatuses") or []:
+        view = ContainerView.from_status(item)
+        if not (view.state == "terminated" and view.exit_code == 0):
+            return str(item.get("name") or ""), view
+    return None
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,37 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     _interval(cmd)
 
     cmd = command(
+        "rerun",
+        commands.cmd_rerun,
+        "run a finished job again: a new job with its spec, annotated with the original",
+    )
+    cmd.add_argument("name", help="the finished job (or NAMESPACE/NAME)")
+    cmd.add_argument(
+        "--name",
+        dest="new_name",
+        metavar="NEW",
+        help="the new job's name (default: the original's, plus a suffix the server picks)",
+    )
+    cmd.add_argument(
+        "--dry-run",
+        choices=["server"],
+        help="server: validated by the apiserver and the admission policy, not created",
+    )
+    cmd.add_argument(
+        "-o", "--output", choices=["yaml", "json", "name"], help="print the new job in this format"
+    )
+    cmd.add_argument("--wait", action="store_true", help="follow the new job to its end")
+    cmd.add_argument(
+        "--for",
+        dest="wait_for",
+        choices=["succeeded", "finished"],
+        default="succeeded",
+        help="with --wait: what to wait for (default: succeeded)",
+    )
+    cmd.add_argument("--timeout", help="with --wait: give up after this long (default: never)")
+    _interval(cmd)
+
+    cmd = command(
         "list", commands.cmd_list, "list jobs with state, progress and score", aliases=["ls"]
     )
     cmd.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from poller import api, timefmt
-from poller.cli import facts, follow, render, submit
+from poller.cli import facts, follow, render, rerun, submit
 from poller.cli.client import Cluster, fetch_job, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.results import RESULTS_KEY, results_configmap_name
@@ -30,6 +30,7 @@ __all__ = [
     "cmd_get",
     "cmd_list",
     "cmd_patch",
+    "cmd_rerun",
     "cmd_results",
     "cmd_submit",
 ]
@@ -81,6 +82,45 @@ def cmd_submit(args: argparse.Namespace, cluster: Cluster | None, out: render.Ou
             out.write(f"lmevaljob/{meta['name']} created in namespace {meta['namespace']}{suffix}")
     if args.wait and args.dry_run is None:
         meta = created_jobs[0]["metadata"]
+        return follow.wait_job(
+            cluster,
+            out,
+            str(meta["name"]),
+            str(meta["namespace"]),
+            want=args.wait_for,
+            timeout=follow.timeout_seconds(args.timeout),
+            interval=args.interval,
+        )
+    return ExitCode.OK
+
+
+# -- rerun ---------------------------------------------------------------------
+
+
+def cmd_rerun(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    namespace, name = split_ref(args.name, cluster.namespace)
+    job = fetch_job(cluster, name, namespace)
+    if facts.state(job) != api.JobState.COMPLETE.value:
+        raise CliError(
+            f"lmevaljob/{name} has not finished (state {facts.state(job) or 'New'}): rerun "
+            "copies finished jobs; cancel it first, or wait for it",
+            ExitCode.USAGE,
+        )
+    body = rerun.rerun_body(job, args.new_name)
+    submit.validate(body, from_flags=False)
+    created = _call(cluster.create_job, body, namespace, server_dry_run=args.dry_run == "server")
+    meta = created["metadata"]
+    if args.output in ("yaml", "json"):
+        out.write(render.dump(created, args.output))
+    elif args.output == "name":
+        out.write(f"lmevaljob/{meta['name']}")
+    else:
+        suffix = " (server dry run)" if args.dry_run == "server" else ""
+        out.write(
+            f"lmevaljob/{meta['name']} created in namespace {meta['namespace']}, "
+            f"a rerun of {name}{suffix}"
+        )
+    if args.wait and args.dry_run is None:
         return follow.wait_job(
             cluster,
             out,

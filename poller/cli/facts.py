@@ -174,7 +174,10 @@ def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
         ("Log samples", the_spec.get("logSamples")),
         (
             "Custom tasks",
-            ", ".join(str(c.get("configMap")) for c in the_spec.get("customTasks") or []),
+            ", ".join(
+                str(c.get("configMap") or (c.get("git") or {}).get("url"))
+                for c in the_spec.get("customTasks") or []
+            ),
         ),
         (
             "Env secrets",

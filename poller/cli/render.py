@@ -241,6 +241,12 @@ def _status_pairs(job: dict[str, Any], now: dt.datetime) -> list[tuple[str, str]
     ):
         if the_status.get(key):
             pairs.append((label, str(the_status[key])))
+    for source in the_status.get("taskSources") or []:
+        if isinstance(source, dict):
+            where = f"{source.get('url')}" + (
+                f" ({source['branch']})" if source.get("branch") else ""
+            )
+            pairs.append((f"Tasks {source.get('name')}", f"{where} at {source.get('commit')}"))
     return pairs
 
 

@@ -41,7 +41,7 @@ FLAG_FOR_FIELD = {
     "logSamples": "--log-samples",
     "envSecrets": "--env-secret",
     "fileSecrets": "--file-secret",
-    "customTasks": "--custom-tasks",
+    "customTasks": "--custom-tasks/--git-tasks",
     "pod": "--cpu/--memory/--gpus/--env/--node-selector/--toleration",
     "outputs": "--output-pvc",
     "activeDeadlineSeconds": "--deadline",
@@ -106,6 +106,14 @@ def _what_arguments(what: argparse._ArgumentGroup) -> None:
         "--fewshot-as-multiturn",
         action="store_true",
         help="few-shot examples as conversation turns (with --chat-template)",
+    )
+    what.add_argument(
+        "--git-tasks",
+        action="append",
+        default=[],
+        metavar="URL[,branch=B][,commit=SHA][,path=P][,credentialsSecret=S]",
+        help="task files from a Git repository at a pinned commit (needs "
+        "--allow-code-execution); repeatable",
     )
 
 
@@ -242,6 +250,28 @@ def _file_secrets(values: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+_GIT_KEYS = ("branch", "commit", "path", "credentialsSecret")
+
+
+def _git_tasks(values: list[str]) -> list[dict[str, Any]]:
+    """--git-tasks URL,key=value,...: the URL has no comma (the schema says so)."""
+    out = []
+    for value in values:
+        url, *pairs = value.split(",")
+        source: dict[str, str] = {"url": url}
+        for pair in pairs:
+            key, sep, item = pair.partition("=")
+            if not sep or key not in _GIT_KEYS or not item:
+                raise CliError(
+                    f"--git-tasks {value!r}: after the URL, comma-separated "
+                    f"{', '.join(k + '=...' for k in _GIT_KEYS)}",
+                    ExitCode.USAGE,
+                )
+            source[key] = item
+        out.append({"git": source})
+    return out
+
+
 def _pod(args: argparse.Namespace) -> dict[str, Any]:
     pod: dict[str, Any] = {}
     resources: dict[str, dict[str, str]] = {}
@@ -314,7 +344,7 @@ def build_from_flags(args: argparse.Namespace) -> dict[str, Any]:
         "batchSize": args.batch_size,
         "genArgs": _pairs(args.gen_arg, "--gen-arg"),
         "logSamples": True if args.log_samples else None,
-        "customTasks": [{"configMap": c} for c in args.custom_tasks],
+        "customTasks": [{"configMap": c} for c in args.custom_tasks] + _git_tasks(args.git_tasks),
         "envSecrets": _env_secrets(args.env_secret),
         "fileSecrets": _file_secrets(args.file_secret),
         "pod": _pod(args),

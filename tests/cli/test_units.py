@@ -208,3 +208,58 @@ def test_flag_parsing() -> None:
         submit.validate(submit.build_from_flags(_flags(fewshot_as_multiturn=True)), from_flags=True)
     assert follow.timeout_seconds("1m30s") == 90
     assert follow.timeout_seconds(None) is None
+
+
+def test_get_shows_the_commits_of_git_task_sources() -> None:
+    from poller.cli import render
+
+    sha = "3039f5ab07bd1865078460dbf92219adbcd1c2b3"
+    job = {
+        "metadata": {"name": "j", "namespace": "ns", "creationTimestamp": "2026-12-01T10:00:00Z"},
+        "spec": {"customTasks": [{"git": {"url": "https://g/r.git", "branch": "main"}}]},
+        "status": {
+            "state": "Complete",
+            "reason": "Succeeded",
+            "taskSources": [
+                {
+                    "name": "customTasks[0]",
+                    "url": "https://g/r.git",
+                    "branch": "main",
+                    "commit": sha,
+                }
+            ],
+        },
+    }
+    pairs = dict(render._status_pairs(job, dt.datetime(2026, 12, 1, 11, tzinfo=dt.UTC)))
+    assert pairs["Tasks customTasks[0]"] == f"https://g/r.git (main) at {sha}"
+    assert dict(facts.spec_summary(job))["Custom tasks"] == "https://g/r.git"
+
+
+def test_git_tasks_flag() -> None:
+    sha = "3039f5ab07bd1865078460dbf92219adbcd1c2b3"
+    job = submit.build_from_flags(
+        _flags(
+            custom_tasks=["cm"],
+            git_tasks=[f"https://g/r.git,commit={sha},path=tasks,credentialsSecret=auth"],
+            allow_code_execution=True,
+        )
+    )
+    assert job["spec"]["customTasks"] == [
+        {"configMap": "cm"},
+        {
+            "git": {
+                "url": "https://g/r.git",
+                "commit": sha,
+                "path": "tasks",
+                "credentialsSecret": "auth",
+            }
+        },
+    ]
+    submit.validate(job, from_flags=True)
+    with pytest.raises(CliError, match="after the URL, comma-separated"):
+        submit.build_from_flags(_flags(git_tasks=["https://g/r.git,ref=main"]))
+    bad = submit.build_from_flags(_flags(git_tasks=["file:///etc"]))
+    with pytest.raises(
+        CliError, match=r"spec.customTasks\[0\].git.url \(--custom-tasks/--git-tasks\)"
+    ):
+        submit.validate(bad, from_flags=True)

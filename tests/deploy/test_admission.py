@@ -6,16 +6,21 @@ the test namespace; every request is made *as* them, so the policy's CEL
 
 Checks, on LMEvalJobs of the real CRD:
 
-- a requester who cannot ``get`` a Secret named in ``spec.envSecrets`` or
-  ``spec.fileSecrets`` is refused (403) with a message naming the field, its
-  index and the Secret; one who can is admitted; the same for ConfigMaps in
-  ``spec.customTasks`` and the claim in ``spec.outputs.pvcName``;
+- a requester who cannot ``get`` a Secret named in ``spec.envSecrets``,
+  ``spec.fileSecrets`` or ``spec.customTasks[].git.credentialsSecret`` is
+  refused (403) with a message naming the field, its index and the Secret;
+  one who can is admitted; the same for ConfigMaps in
+  ``spec.customTasks[].configMap`` (Git and ConfigMap sources mixed, each
+  message with the entry's own index) and the claim in
+  ``spec.outputs.pvcName``;
 - more than 8 distinct Secrets are refused unless the requester may read
   every Secret of the namespace (the per-name checks are capped by CEL's cost
   budget);
 - a requester who may not create pods is refused any job;
 - updates are judged again when they change the spec, but not for
   ``cancel``/``suspend`` nor for metadata;
+- a finished job's spec is not edited (422, the message says to use
+  ``lmeval rerun``), while its TTL and labels stay editable;
 - sidecars (``spec.pod.sidecars``, issue 11) are admitted for a requester who
   may create pods and refused, with "sidecars need the right to create pods
   in <namespace>", for one who may not;
@@ -376,6 +381,54 @@ def test_config_maps_and_claims_need_read_rights_too(people: People) -> None:
     assert people.create("alice", shared) == (201, "")
 
 
+def git_tasks(secret: str | None = None) -> dict[str, Any]:
+    source: dict[str, Any] = {"url": "https://git.example.com/tasks.git", "branch": "main"}
+    if secret is not None:
+        source["credentialsSecret"] = secret
+    return {"git": source}
+
+
+def test_git_credentials_need_the_requesters_read_right(people: People) -> None:
+    # Git sources sit among ConfigMap sources: messages name the entry's own index.
+    refused(
+        people.create(
+            "alice",
+            job("j", customTasks=[{"configMap": "tasks-shared"}, git_tasks("s-hidden")]),
+        ),
+        403,
+        "spec.customTasks[1].git.credentialsSecret:",
+        "alice may not get Secret s-hidden",
+    )
+    refused(
+        people.create(
+            "alice",
+            job(
+                "j",
+                envSecrets=[env_secret("s-shared")],
+                customTasks=[git_tasks(), git_tasks("s-shared"), git_tasks("nope")],
+            ),
+        ),
+        403,
+        "spec.customTasks[2].git.credentialsSecret:",
+        "may not get Secret nope",
+    )
+    refused(
+        people.create(
+            "alice", job("j", customTasks=[git_tasks("s-shared"), {"configMap": "tasks-hidden"}])
+        ),
+        403,
+        "spec.customTasks[1].configMap:",
+        "tasks-hidden",
+    )
+    admitted = job(
+        "clones-what-she-may",
+        customTasks=[git_tasks(), {"configMap": "tasks-shared"}, git_tasks("s-shared")],
+    )
+    assert people.create("alice", admitted, dry_run=False) == (201, "")
+    # carol may read every Secret of the namespace: one check covers all names.
+    assert people.create("carol", job("j", customTasks=[git_tasks("s-hidden")])) == (201, "")
+
+
 def test_requesters_who_may_not_create_pods_are_refused(people: People) -> None:
     refused(
         people.create("bob", job("j", envSecrets=[env_secret("s-shared")])),
@@ -409,6 +462,28 @@ def test_updates_are_judged_unless_they_only_stop_the_job(
         "s-hidden",
     )
     assert people.patch("alice", "edited", {"spec": {"cancel": True}}) == (200, "")
+
+
+def test_a_finished_jobs_spec_is_not_edited(people: People, admin_api: client.ApiClient) -> None:
+    assert people.create("alice", job("done"), dry_run=False) == (201, "")
+    assert people.patch("alice", "done", {"spec": {"limit": "5"}}) == (200, "")
+    client.CustomObjectsApi(admin_api).patch_namespaced_custom_object_status(
+        api.API_GROUP,
+        api.API_VERSION,
+        people.namespace,
+        api.PLURAL,
+        "done",
+        {"status": {"state": "Complete", "reason": "Succeeded"}},
+    )
+    refused(
+        people.patch("alice", "done", {"spec": {"limit": "6"}}),
+        422,
+        "spec: LMEvalJob done has finished",
+        "lmeval rerun done",
+    )
+    # Its TTL, labels and the lifecycle switches stay editable.
+    assert people.patch("alice", "done", {"spec": {"ttlSecondsAfterFinished": 60}}) == (200, "")
+    assert people.patch("alice", "done", {"metadata": {"labels": {"kept": "yes"}}}) == (200, "")
 
 
 def test_sidecars_only_for_requesters_who_may_create_pods(people: People) -> None:
