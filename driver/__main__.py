@@ -33,6 +33,7 @@ from driver.contract import (
     EXIT_DRIVER_ERROR,
     OPT_GRACE_PERIOD,
     OPT_HOLD_SECONDS,
+    OPT_HUB_DATASETS,
     OPT_LOG_COPY,
     OPT_OUTPUT_ROOT,
     OPT_PROGRESS_INTERVAL,
@@ -139,6 +140,13 @@ def _run_parser() -> argparse.ArgumentParser:
         help="exec mode: after the final marker stay alive up to S seconds, or until "
         f"'{DRIVER_PROGRAM} {CMD_RELEASE}' (default: %(default)s)",
     )
+    parser.add_argument(
+        OPT_HUB_DATASETS,
+        metavar="DIR",
+        help="a Hugging Face hub cache: start lm_eval in a directory where each cached "
+        "dataset ORG/NAME is a symlink to its snapshot, so that offline runs load Hub "
+        "datasets from the cache",
+    )
     return parser
 
 
@@ -206,6 +214,7 @@ def parse_run_options(args: Sequence[str]) -> RunOptions:
         log_copy=parsed.log_copy,
         hold_seconds=parsed.hold_seconds,
         run_id=parsed.run_id,
+        hub_datasets=parsed.hub_datasets,
     )
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "EXIT_OK",
     "OPT_GRACE_PERIOD",
     "OPT_HOLD_SECONDS",
+    "OPT_HUB_DATASETS",
     "OPT_LOG_COPY",
     "OPT_OUTPUT_ROOT",
     "OPT_PROGRESS_INTERVAL",
@@ -80,6 +81,7 @@ OPT_PROGRESS_INTERVAL = "--progress-interval"
 OPT_GRACE_PERIOD = "--grace-period"
 OPT_LOG_COPY = "--log-copy"
 OPT_HOLD_SECONDS = "--hold-seconds"
+OPT_HUB_DATASETS = "--hub-datasets"
 
 # Environment variables the driver reads: defaults of --output-root (the pod
 # sets it, so that ``release`` through exec finds the same root) and --run-id.
@@ -108,6 +110,7 @@ def run_argv(
     log_copy: str | None = None,
     progress_interval: float | None = None,
     run_id: str | None = None,
+    hub_datasets: str | None = None,
 ) -> list[str]:
     """The argv of one run: `command` (see :func:`driver_command`), the options
     given (the driver's defaults for the others), ``--`` and the child's argv."""
@@ -118,6 +121,7 @@ def run_argv(
         (OPT_LOG_COPY, log_copy),
         (OPT_PROGRESS_INTERVAL, progress_interval),
         (OPT_RUN_ID, run_id),
+        (OPT_HUB_DATASETS, hub_datasets),
     ]
     given = [_option(flag, value) for flag, value in options if value is not None]
     return [*command, *given, END_OF_OPTIONS, *child_argv]

@@ -65,6 +65,7 @@ class RunOptions:
         log_copy: str | None = None,
         hold_seconds: float = 0.0,
         run_id: str | None = None,
+        hub_datasets: str | None = None,
     ) -> None:
         self.child_argv = list(child_argv)
         self.output_root = output_root
@@ -73,6 +74,7 @@ class RunOptions:
         self.log_copy = log_copy
         self.hold_seconds = hold_seconds
         self.run_id = run_id
+        self.hub_datasets = hub_datasets
 
 
 class _Cancel:
@@ -149,6 +151,7 @@ class Run:
         self.sink = Sink(stdout_fd, stderr_fd)
         self._stdout_fd, self._stderr_fd = stdout_fd, stderr_fd
         self.final_code: int | None = None  # set once the final marker is out
+        self.child_cwd: str | None = None  # --hub-datasets: the view of the cache
 
     # -- markers -------------------------------------------------------------
 
@@ -195,7 +198,9 @@ class Run:
                 return self.driver_error(error)
             if self.cancel.signum is not None:
                 return self._cancelled(None)
-            child = Child([*self.opts.child_argv, "--output_path", self.run_dir])
+            child = Child(
+                [*self.opts.child_argv, "--output_path", self.run_dir], cwd=self.child_cwd
+            )
             try:
                 child.start()
             except OSError as exc:
@@ -216,6 +221,10 @@ class Run:
         finally:
             if child is not None:
                 child.cleanup()
+            if self.child_cwd is not None:
+                import shutil
+
+                shutil.rmtree(self.child_cwd, ignore_errors=True)  # symlinks only
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self._log_copy is not None:
@@ -252,6 +261,23 @@ class Run:
             except OSError as exc:
                 return f"cannot open log copy {self.opts.log_copy}: {exc}"
             self.sink = Sink(self._stdout_fd, self._stderr_fd, self._log_copy)
+        if self.opts.hub_datasets:
+            return self._hub_view(self.opts.hub_datasets)
+        return None
+
+    def _hub_view(self, hub_cache: str) -> str | None:
+        """lm_eval's working directory: the hub cache's datasets as ORG/NAME."""
+        import tempfile
+
+        from driver.hubview import build_view
+
+        try:
+            self.child_cwd = tempfile.mkdtemp(prefix="lmeval-hub-datasets-")
+            exposed = build_view(hub_cache, self.child_cwd)
+        except OSError as exc:
+            return f"cannot expose the datasets of {hub_cache}: {exc}"
+        shown = ", ".join(exposed[:20]) + (", ..." if len(exposed) > 20 else "")
+        self.sink.note(f"{len(exposed)} dataset(s) of {hub_cache} exposed: {shown or 'none'}")
         return None
 
     def _supervise(self, child: Child) -> int:

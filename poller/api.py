@@ -277,6 +277,26 @@ class Outputs(_Model):
     )
 
 
+class OfflineStorage(_Model):
+    """Where an offline job finds models and datasets."""
+
+    pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+        description="PersistentVolumeClaim mounted read-only at /cache/storage. Its hub/ "
+        "directory is the Hugging Face hub cache (HF_HUB_CACHE, huggingface_hub's layout: "
+        "models--ORG--NAME and datasets--ORG--NAME with refs/, snapshots/ and blobs/), so "
+        "pretrained=ORG/NAME and a task's dataset_path ORG/NAME load from it; any other "
+        "directory can be named by path, e.g. pretrained=/cache/storage/models/NAME. The "
+        "job runs offline (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) whatever allowOnline "
+        "says. The requester must be allowed to get the claim.",
+    )
+
+
+class Offline(_Model):
+    """Models and datasets from storage, for clusters without internet."""
+
+    storage: OfflineStorage = Field(description="Where the models and datasets are.")
+
+
 class LMEvalJobSpec(_Model):
     """What to evaluate and how the job pod may look."""
 
@@ -398,6 +418,11 @@ class LMEvalJobSpec(_Model):
         description="Allow code that is not in the image: tasks that execute model-written "
         "code, and custom tasks that name Python. Needs allow-code-execution in the poller "
         "settings too.",
+    )
+    offline: Offline | None = Field(
+        default=None,
+        description="Models and datasets from storage (offline.storage.pvcName), as TrustyAI "
+        "LMES's field of the same name.",
     )
 
 

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from driver import protocol
-from poller import api
+from poller import api, podstorage
 from poller.settings import Settings
 from poller.specrules import OFFLINE_ENV, env_name_problem
 
@@ -190,8 +190,9 @@ def _env(
     ]
     if use_copied_driver:
         env.append({"name": "PYTHONPATH", "value": DRIVER_MOUNT})
-    if not (spec.allow_online and settings.allow_online):
+    if not (spec.allow_online and settings.allow_online) or podstorage.forces_offline(spec):
         env += [{"name": name, "value": "1"} for name in OFFLINE_ENV]
+    env += podstorage.storage_env(spec)
     # The schema refuses these names already (specrules holds the one list);
     # checked again here because the pod is where they would take effect.
     for item in (spec.pod.env if spec.pod else None) or []:
@@ -277,6 +278,8 @@ def build_pod(
     Raises JobPodError when the spec asks for something the settings forbid.
     """
     volumes, mounts = _job_volumes(name, uid, spec)
+    storage_volumes, storage_mounts = podstorage.storage_volumes(spec)
+    volumes, mounts = volumes + storage_volumes, mounts + storage_mounts
     init_containers: list[dict[str, Any]] = []
     if settings.driver_image:
         volumes.append({"name": "driver", "emptyDir": {}})
@@ -385,6 +388,7 @@ def _main_container(
         grace_period=DRIVER_GRACE_SECONDS,
         hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
         log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
+        hub_datasets=podstorage.hub_datasets(spec),
     )
     main: dict[str, Any] = {
         "name": MAIN_CONTAINER,

@@ -102,6 +102,7 @@ RESERVED_ENV_NAMES = frozenset(
         # Set by the poller: the offline switch and the driver's paths.
         *OFFLINE_ENV,
         "HF_HOME",
+        "HF_HUB_CACHE",
         "HOME",
         # glibc's "unsecure" variables (sysdeps/generic/unsecure-envvars.h),
         # the ones it drops for setuid programs because they load code or

@@ -9,7 +9,8 @@ Checks, on LMEvalJobs of the real CRD:
 - a requester who cannot ``get`` a Secret named in ``spec.envSecrets`` or
   ``spec.fileSecrets`` is refused (403) with a message naming the field, its
   index and the Secret; one who can is admitted; the same for ConfigMaps in
-  ``spec.customTasks`` and the claim in ``spec.outputs.pvcName``;
+  ``spec.customTasks`` and the claims in ``spec.outputs.pvcName`` and
+  ``spec.offline.storage.pvcName``;
 - more than 8 distinct Secrets are refused unless the requester may read
   every Secret of the namespace (the per-name checks are capped by CEL's cost
   budget);
@@ -373,6 +374,17 @@ def test_config_maps_and_claims_need_read_rights_too(people: People) -> None:
     shared = job(
         "j", customTasks=[{"configMap": "tasks-shared"}], outputs={"pvcName": "pvc-shared"}
     )
+    assert people.create("alice", shared) == (201, "")
+
+
+def test_offline_storage_claims_need_read_rights(people: People) -> None:
+    refused(
+        people.create("alice", job("j", offline={"storage": {"pvcName": "pvc-hidden"}})),
+        403,
+        "spec.offline.storage.pvcName:",
+        "alice may not get PersistentVolumeClaim pvc-hidden",
+    )
+    shared = job("j", offline={"storage": {"pvcName": "pvc-shared"}})
     assert people.create("alice", shared) == (201, "")
 
 
