@@ -55,6 +55,10 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
         "LANG": os.environ.get("LANG", "C.UTF-8"),
         "TMPDIR": str(pod.root / "tmp"),
     }
+    if os.environ.get("PYTHONPATH"):
+        # The image's code is this process's code: a source tree on
+        # PYTHONPATH (a work tree beside an installed checkout) wins in both.
+        base["PYTHONPATH"] = os.environ["PYTHONPATH"]
     env = {**base, **env}
     cwd = pod.mapper.local(c.spec.get("workingDir") or "/")
     if cwd == "/":
