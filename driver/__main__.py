@@ -11,6 +11,7 @@ Three forms::
     lmeval-driver [options] -- <lm_eval argv...>   run and report
     lmeval-driver decode [FILE]                    what the poller sees in a log
     lmeval-driver release [--output-root DIR]      end an exec-mode hold early
+    lmeval-driver fetch-s3 --dest DIR --path P     copy an S3 prefix (init container)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import NoReturn
 from driver import __version__
 from driver.contract import (
     CMD_DECODE,
+    CMD_FETCH_S3,
     CMD_RELEASE,
     DRIVER_PROGRAM,
     END_OF_OPTIONS,
@@ -225,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _decode(args[1:])
     if args and args[0] == CMD_RELEASE:
         return _release(args[1:])
+    if args and args[0] == CMD_FETCH_S3:
+        from driver import s3fetch
+
+        return s3fetch.main(args[1:])
     return Run(parse_run_options(args)).execute()
 
 

@@ -20,6 +20,7 @@ from typing import Final
 
 __all__ = [
     "CMD_DECODE",
+    "CMD_FETCH_S3",
     "CMD_RELEASE",
     "DRIVER_MODULE",
     "DRIVER_PROGRAM",
@@ -44,6 +45,7 @@ __all__ = [
     "OPT_PROGRESS_INTERVAL",
     "OPT_RUN_ID",
     "driver_command",
+    "fetch_s3_argv",
     "release_argv",
     "run_argv",
 ]
@@ -72,6 +74,7 @@ DRIVER_MODULE = "driver"
 # Sub-commands (the run itself has none: options, then ``--``, then lm_eval).
 CMD_DECODE = "decode"
 CMD_RELEASE = "release"
+CMD_FETCH_S3 = "fetch-s3"
 END_OF_OPTIONS = "--"
 
 # Options of a run (and OPT_OUTPUT_ROOT of ``release``).
@@ -131,3 +134,11 @@ def release_argv(command: Sequence[str], output_root: str | None = None) -> list
     """The argv that ends an exec-mode hold (``$LMEVAL_OUTPUT_ROOT`` by default)."""
     root = [] if output_root is None else [_option(OPT_OUTPUT_ROOT, output_root)]
     return [*command, CMD_RELEASE, *root]
+
+
+def fetch_s3_argv(
+    command: Sequence[str], dest: str, path: str, verify_ssl: bool = True
+) -> list[str]:
+    """The argv that copies S3 prefix `path` into `dest` (the fetch-storage init container)."""
+    argv = [*command, CMD_FETCH_S3, _option("--dest", dest), _option("--path", path)]
+    return argv if verify_ssl else [*argv, "--no-verify-ssl"]

@@ -46,6 +46,7 @@ from typing import Any, Literal
 from driver.boundedjson import JsonLimits, UntrustedJsonError, parse_untrusted_json
 from driver.contract import (
     CMD_DECODE,
+    CMD_FETCH_S3,
     CMD_RELEASE,
     DRIVER_MODULE,
     DRIVER_PROGRAM,
@@ -70,6 +71,7 @@ from driver.contract import (
     OPT_PROGRESS_INTERVAL,
     OPT_RUN_ID,
     driver_command,
+    fetch_s3_argv,
     release_argv,
     run_argv,
 )
@@ -85,6 +87,7 @@ from driver.payloads import (
 
 __all__ = [
     "CMD_DECODE",
+    "CMD_FETCH_S3",
     "CMD_RELEASE",
     "CRI_LINE_RE",
     "DRIVER_MODULE",
@@ -143,6 +146,7 @@ __all__ = [
     "encode_progress",
     "encode_results",
     "encode_started",
+    "fetch_s3_argv",
     "marker_event",
     "neutralize",
     "parse_results_json",

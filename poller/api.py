@@ -277,10 +277,38 @@ class Outputs(_Model):
     )
 
 
-class OfflineStorage(_Model):
-    """Where an offline job finds models and datasets."""
+class OfflineS3(_Model):
+    """An S3 prefix copied into the pod before the evaluation (TrustyAI LMES's shape)."""
 
-    pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+    access_key_id: SecretKeyRef = Field(description="Secret key holding the access key id.")
+    secret_access_key: SecretKeyRef = Field(description="Secret key holding the secret access key.")
+    bucket: SecretKeyRef = Field(description="Secret key holding the bucket name.")
+    endpoint: SecretKeyRef = Field(
+        description="Secret key holding the endpoint URL (http:// or https://, host and port "
+        "only; checked by the copy before any request)."
+    )
+    region: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the region (default us-east-1)."
+    )
+    path: Annotated[str, Field(pattern=r"^([A-Za-z0-9_-][A-Za-z0-9._-]*/?)*$", max_length=1024)] = (
+        Field(
+            default="",
+            description="Prefix copied (a folder of the bucket; empty: the whole bucket). Its "
+            "objects land below /cache/storage relative to it, so hub/... is the hub cache.",
+        )
+    )
+    verify_ssl: bool | None = Field(
+        default=None,
+        alias="verifySSL",
+        description="False skips verifying the endpoint's certificate (default true).",
+    )
+
+
+class OfflineStorage(_Model):
+    """Where an offline job finds models and datasets: a claim, or an S3 prefix."""
+
+    pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
         description="PersistentVolumeClaim mounted read-only at /cache/storage. Its hub/ "
         "directory is the Hugging Face hub cache (HF_HUB_CACHE, huggingface_hub's layout: "
         "models--ORG--NAME and datasets--ORG--NAME with refs/, snapshots/ and blobs/), so "
@@ -289,12 +317,20 @@ class OfflineStorage(_Model):
         "job runs offline (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) whatever allowOnline "
         "says. The requester must be allowed to get the claim.",
     )
+    s3: OfflineS3 | None = Field(
+        default=None,
+        description="An S3-compatible prefix that an init container (the job's restricted "
+        "profile, no API rights) copies into an emptyDir mounted read-only at /cache/storage, "
+        "used as a claim would be. The requester must be allowed to get its Secrets.",
+    )
 
 
 class Offline(_Model):
     """Models and datasets from storage, for clusters without internet."""
 
-    storage: OfflineStorage = Field(description="Where the models and datasets are.")
+    storage: Annotated[OfflineStorage, rules.exactly_one_rule("pvcName", "s3")] = Field(
+        description="Where the models and datasets are: pvcName or s3."
+    )
 
 
 class LMEvalJobSpec(_Model):

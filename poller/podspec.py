@@ -285,6 +285,8 @@ def build_pod(
         volumes.append({"name": "driver", "emptyDir": {}})
         mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
         init_containers.append(_driver_init_container(settings))
+    if (fetch := podstorage.fetch_container(spec, driver_command(settings))) is not None:
+        init_containers.append(_with_profile(fetch, settings))
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": settings.job_service_account,
@@ -369,6 +371,28 @@ def _driver_init_container(settings: Settings) -> dict[str, Any]:
             "limits": {"memory": "64Mi"},
         },
     }
+
+
+def _with_profile(container: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """An init container of the job's image, under the restricted profile; with the
+    copied driver mounted when the image has none (setting driver-image)."""
+    container = {
+        **container,
+        "image": settings.pod_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "securityContext": _security_context(),
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+    }
+    if settings.driver_image:
+        container["env"] = [*container["env"], {"name": "PYTHONPATH", "value": DRIVER_MOUNT}]
+        container["volumeMounts"] = [
+            *container["volumeMounts"],
+            {"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True},
+        ]
+    return container
 
 
 def _main_container(

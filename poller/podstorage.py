@@ -25,7 +25,15 @@ commit refs/main names>`` and starts lm_eval in it: an unchanged standard task
 (``arc_easy``, ``dataset_path: allenai/ai2_arc``) then reads the snapshot's
 files with the repository's own dataset card, exactly as online.
 
-A job with offline storage always runs offline: the claim is read-only, so
+``offline.storage.s3`` names an S3-compatible prefix instead: the
+``fetch-storage`` init container (the driver's ``fetch-s3``, under the same
+restricted profile as every container of the pod, with the credentials from
+the job's Secrets in its environment only) copies it into an emptyDir, which
+the evaluation mounts read-only at the same place. The prefix is laid out
+like a claim (``hub/...``); S3 has no symlinks, so a hub cache synced there
+holds file copies in ``snapshots/``, which loads the same.
+
+A job with offline storage always runs offline: the storage is read-only, so
 nothing could be downloaded into it anyway.
 """
 
@@ -33,12 +41,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from driver import protocol
 from poller import api
 
 __all__ = [
+    "FETCH_CONTAINER",
     "HUB_CACHE",
     "STORAGE_ROOT",
     "STORAGE_VOLUME",
+    "fetch_container",
     "forces_offline",
     "hub_datasets",
     "storage_env",
@@ -48,37 +59,69 @@ __all__ = [
 STORAGE_ROOT = "/cache/storage"
 HUB_CACHE = f"{STORAGE_ROOT}/hub"
 STORAGE_VOLUME = "offline-storage"
+FETCH_CONTAINER = "fetch-storage"
 
 
-def _claim(spec: api.LMEvalJobSpec) -> str | None:
-    return spec.offline.storage.pvc_name if spec.offline else None
+def _storage(spec: api.LMEvalJobSpec) -> api.OfflineStorage | None:
+    return spec.offline.storage if spec.offline else None
 
 
 def storage_volumes(spec: api.LMEvalJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The storage's volumes and the evaluation container's mounts of them."""
-    claim = _claim(spec)
-    if claim is None:
+    storage = _storage(spec)
+    if storage is None:
         return [], []
-    volume = {
-        "name": STORAGE_VOLUME,
-        "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
-    }
+    volume: dict[str, Any] = {"name": STORAGE_VOLUME}
+    if storage.pvc_name is not None:
+        volume["persistentVolumeClaim"] = {"claimName": storage.pvc_name, "readOnly": True}
+    else:
+        volume["emptyDir"] = {}  # filled by the fetch-storage init container
     mount = {"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT, "readOnly": True}
     return [volume], [mount]
 
 
 def storage_env(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
     """Variables of the evaluation container: where the hub cache is."""
-    if _claim(spec) is None:
+    if _storage(spec) is None:
         return []
     return [{"name": "HF_HUB_CACHE", "value": HUB_CACHE}]
 
 
 def forces_offline(spec: api.LMEvalJobSpec) -> bool:
     """Whether the job runs offline whatever allowOnline says."""
-    return _claim(spec) is not None
+    return _storage(spec) is not None
 
 
 def hub_datasets(spec: api.LMEvalJobSpec) -> str | None:
     """The hub cache whose datasets the driver exposes to lm_eval (--hub-datasets)."""
-    return HUB_CACHE if _claim(spec) is not None else None
+    return HUB_CACHE if _storage(spec) is not None else None
+
+
+def _secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def fetch_container(spec: api.LMEvalJobSpec, driver: list[str]) -> dict[str, Any] | None:
+    """The init container that copies spec.offline.storage.s3 into the storage volume
+    (`driver`: the words that start the driver), without image, security context and
+    resources, which the pod's builder gives every init container alike."""
+    storage = _storage(spec)
+    s3 = storage.s3 if storage else None
+    if s3 is None:
+        return None
+    env = [
+        _secret_env("AWS_ACCESS_KEY_ID", s3.access_key_id),
+        _secret_env("AWS_SECRET_ACCESS_KEY", s3.secret_access_key),
+        _secret_env("S3_BUCKET", s3.bucket),
+        _secret_env("S3_ENDPOINT", s3.endpoint),
+    ]
+    if s3.region is not None:
+        env.append(_secret_env("S3_REGION", s3.region))
+    return {
+        "name": FETCH_CONTAINER,
+        "command": protocol.fetch_s3_argv(
+            driver, STORAGE_ROOT, s3.path, verify_ssl=s3.verify_ssl is not False
+        ),
+        "env": env,
+        "volumeMounts": [{"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT}],
+    }

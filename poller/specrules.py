@@ -390,3 +390,16 @@ def security_annotations_rule() -> Cel:
         _sets_security_profile,
         _SECURITY,
     )
+
+
+def exactly_one_rule(*fields: str) -> Cel:
+    """An object that must set exactly one of `fields` (camelCase, as on the wire)."""
+    names = " and ".join(fields) if len(fields) == 2 else ", ".join(fields)
+    message = f"set exactly one of {names}"
+
+    def problem(value: Any) -> str | None:
+        dump = value.model_dump(by_alias=True, exclude_none=True)
+        return None if sum(f in dump for f in fields) == 1 else message
+
+    has = ", ".join(f"has(self.{f})" for f in fields)
+    return Cel(rule=f"[{has}].filter(x, x).size() == 1", message=message, problem=problem)

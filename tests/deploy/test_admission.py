@@ -388,6 +388,32 @@ def test_offline_storage_claims_need_read_rights(people: People) -> None:
     assert people.create("alice", shared) == (201, "")
 
 
+def _s3(secret: str, region_secret: str | None = None) -> dict[str, Any]:
+    refs = {f: {"name": secret, "key": f} for f in ("accessKeyId", "secretAccessKey", "bucket")}
+    refs["endpoint"] = {"name": secret, "key": "endpoint"}
+    if region_secret:
+        refs["region"] = {"name": region_secret, "key": "region"}
+    return {"storage": {"s3": {**refs, "path": "hub"}}}
+
+
+def test_offline_s3_secrets_need_read_rights(people: People) -> None:
+    refused(
+        people.create("alice", job("j", offline=_s3("s-hidden"))),
+        403,
+        "spec.offline.storage.s3.accessKeyId.name:",
+        "alice may not get Secret s-hidden",
+    )
+    refused(
+        people.create(
+            "alice", job("j", envSecrets=[env_secret("s-shared")], offline=_s3("s-shared", "s-x"))
+        ),
+        403,
+        "spec.offline.storage.s3.region.name:",
+        "alice may not get Secret s-x",
+    )
+    assert people.create("alice", job("j", offline=_s3("s-shared", "s-shared"))) == (201, "")
+
+
 def test_requesters_who_may_not_create_pods_are_refused(people: People) -> None:
     refused(
         people.create("bob", job("j", envSecrets=[env_secret("s-shared")])),

@@ -86,3 +86,73 @@ def test_bad_offline_specs_are_refused(offline: dict[str, Any]) -> None:
 def test_the_hub_cache_variable_is_the_pollers() -> None:
     with pytest.raises(ValidationError, match="HF_HUB_CACHE"):
         _spec(pod={"env": [{"name": "HF_HUB_CACHE", "value": "/elsewhere"}]})
+
+
+S3 = {
+    "storage": {
+        "s3": {
+            "accessKeyId": {"name": "s3-creds", "key": "id"},
+            "secretAccessKey": {"name": "s3-creds", "key": "secret"},
+            "bucket": {"name": "s3-where", "key": "bucket"},
+            "endpoint": {"name": "s3-where", "key": "endpoint"},
+            "path": "team/hf",
+            "verifySSL": False,
+        }
+    }
+}
+
+
+def test_s3_is_copied_by_a_restricted_init_container_into_an_empty_dir() -> None:
+    pod = _pod(_spec(offline=S3))
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == podstorage.STORAGE_VOLUME]
+    assert volume == {"name": "offline-storage", "emptyDir": {}}
+    [fetch] = pod["spec"]["initContainers"]
+    assert fetch["name"] == podstorage.FETCH_CONTAINER
+    assert fetch["image"] == Settings().pod_image
+    assert fetch["securityContext"] == _main(pod)["securityContext"]
+    assert fetch["command"] == [
+        *podspec.driver_command(Settings()),
+        protocol.CMD_FETCH_S3,
+        "--dest=/cache/storage",
+        "--path=team/hf",
+        "--no-verify-ssl",
+    ]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in fetch["env"]}
+    assert refs == {
+        "AWS_ACCESS_KEY_ID": {"name": "s3-creds", "key": "id"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "s3-creds", "key": "secret"},
+        "S3_BUCKET": {"name": "s3-where", "key": "bucket"},
+        "S3_ENDPOINT": {"name": "s3-where", "key": "endpoint"},
+    }
+    assert fetch["volumeMounts"] == [{"name": "offline-storage", "mountPath": "/cache/storage"}]
+    # The evaluation sees the copy read-only, and never the credentials.
+    [mount] = [m for m in _main(pod)["volumeMounts"] if m["name"] == podstorage.STORAGE_VOLUME]
+    assert mount["readOnly"] is True
+    assert not [e for e in _main(pod)["env"] if "AWS" in e["name"] or "S3_" in e["name"]]
+    assert _env(pod)["HF_HUB_CACHE"] == "/cache/storage/hub"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_s3_with_a_copied_driver_runs_after_it_and_imports_it() -> None:
+    settings = Settings(driver_image="registry.example/driver:1")
+    pod = _pod(_spec(offline=S3), settings)
+    names = [c["name"] for c in pod["spec"]["initContainers"]]
+    assert names == ["install-driver", podstorage.FETCH_CONTAINER]
+    fetch = pod["spec"]["initContainers"][1]
+    assert {"name": "PYTHONPATH", "value": podspec.DRIVER_MOUNT} in fetch["env"]
+    assert {"name": "driver", "mountPath": podspec.DRIVER_MOUNT, "readOnly": True} in fetch[
+        "volumeMounts"
+    ]
+
+
+@pytest.mark.parametrize("path", ["../x", "/abs", "a//b", "a/../b", "a b", ".hidden"])
+def test_s3_paths_are_plain_folders(path: str) -> None:
+    bad = {"storage": {"s3": {**S3["storage"]["s3"], "path": path}}}
+    with pytest.raises(ValidationError):
+        _spec(offline=bad)
+
+
+def test_exactly_one_storage() -> None:
+    both = {"storage": {"pvcName": "x", **S3["storage"]}}
+    with pytest.raises(ValidationError, match="exactly one of pvcName and s3"):
+        _spec(offline=both)
