@@ -457,8 +457,8 @@ class LMEvalJobSpec(_Model):
     )
     offline: Offline | None = Field(
         default=None,
-        description="Models and datasets from storage (offline.storage.pvcName), as TrustyAI "
-        "LMES's field of the same name.",
+        description="Models and datasets from storage (offline.storage.pvcName or "
+        "offline.storage.s3), as TrustyAI LMES's field of the same name.",
     )
 
 
