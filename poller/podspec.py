@@ -385,6 +385,8 @@ def _with_profile(container: dict[str, Any], settings: Settings) -> dict[str, An
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "512Mi"},
         },
+        # Its last log lines become the pod's account of a failure.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if settings.driver_image:
         container["env"] = [*container["env"], {"name": "PYTHONPATH", "value": DRIVER_MOUNT}]

@@ -78,6 +78,7 @@ class PodStatusObject(TypedDict, total=False):
     message: Any
     conditions: Any
     containerStatuses: list[ContainerStatusObject] | None
+    initContainerStatuses: list[ContainerStatusObject] | None
 
 
 class PodObject(TypedDict, total=False):
@@ -302,7 +303,7 @@ class PodView:
             if verify is not None
             else None,
             reason=status.get("reason") or "",
-            message=status.get("message") or "",
+            message=status.get("message") or _failed_init(status),
             created=meta.get("creationTimestamp") or "",
             unschedulable_message=next(
                 (
@@ -313,6 +314,16 @@ class PodView:
                 "",
             ),
         )
+
+
+def _failed_init(status: dict[str, Any]) -> str:
+    """What the first failed init container said (its exit code and termination message)."""
+    for c in status.get("initContainerStatuses") or []:
+        done = ((c.get("state") or {}).get("terminated")) or {}
+        if done and done.get("exitCode", 0) != 0:
+            text = " ".join(str(done.get("message") or done.get("reason") or "").split())
+            return f"init container {c.get('name')} exited {done.get('exitCode')}: {text[:1024]}"
+    return ""
 
 
 @dataclass(frozen=True)

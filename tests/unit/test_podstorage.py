@@ -156,3 +156,33 @@ def test_exactly_one_storage() -> None:
     both = {"storage": {"pvcName": "x", **S3["storage"]}}
     with pytest.raises(ValidationError, match="exactly one of pvcName and s3"):
         _spec(offline=both)
+
+
+def test_a_failed_init_container_explains_the_pod() -> None:
+    from poller.views import PodView
+
+    obj = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {"name": "install-driver", "state": {"terminated": {"exitCode": 0}}},
+                {
+                    "name": podstorage.FETCH_CONTAINER,
+                    "state": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "message": "fetch-s3: s3://b/: HTTP 403\nAccessDenied\n",
+                        }
+                    },
+                },
+            ],
+        },
+    }
+    view = PodView.from_object(obj, podspec.MAIN_CONTAINER)
+    assert (
+        view.message
+        == "init container fetch-storage exited 1: fetch-s3: s3://b/: HTTP 403 AccessDenied"
+    )
+    obj["status"]["message"] = "the kubelet's own words"
+    assert PodView.from_object(obj, podspec.MAIN_CONTAINER).message == "the kubelet's own words"
