@@ -235,6 +235,95 @@ class Sidecar(_Model):
     ports: list[ContainerPort] | None = None
 
 
+# -- pod placement: affinity (Kubernetes' own shape) -----------------------------------
+_NODE_OPERATOR = r"^(In|NotIn|Exists|DoesNotExist|Gt|Lt)$"
+_LABEL_OPERATOR = r"^(In|NotIn|Exists|DoesNotExist)$"
+_Values = Annotated[list[LabelValue], Field(max_length=64)]
+
+
+class NodeSelectorRequirement(_Model):
+    key: LabelKey
+    operator: Annotated[str, Field(pattern=_NODE_OPERATOR)]
+    values: _Values | None = None
+
+
+class NodeFieldRequirement(_Model):
+    key: Annotated[str, Field(pattern=r"^metadata[.]name$")]
+    operator: Annotated[str, Field(pattern=r"^(In|NotIn)$")]
+    values: (
+        Annotated[
+            list[Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]], Field(max_length=64)
+        ]
+        | None
+    ) = None
+
+
+class NodeSelectorTerm(_Model):
+    match_expressions: Annotated[list[NodeSelectorRequirement], Field(max_length=32)] | None = None
+    match_fields: Annotated[list[NodeFieldRequirement], Field(max_length=32)] | None = None
+
+
+class NodeSelector(_Model):
+    node_selector_terms: Annotated[list[NodeSelectorTerm], Field(min_length=1, max_length=32)]
+
+
+class PreferredSchedulingTerm(_Model):
+    weight: Annotated[int, Field(ge=1, le=100)]
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(_Model):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[PreferredSchedulingTerm], Field(max_length=32)] | None
+    ) = None
+
+
+class LabelSelectorRequirement(_Model):
+    key: LabelKey
+    operator: Annotated[str, Field(pattern=_LABEL_OPERATOR)]
+    values: _Values | None = None
+
+
+class LabelSelector(_Model):
+    match_labels: dict[LabelKey, LabelValue] | None = None
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] | None = None
+
+
+class PodAffinityTerm(_Model):
+    label_selector: LabelSelector | None = None
+    namespaces: (
+        Annotated[
+            list[Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]], Field(max_length=64)
+        ]
+        | None
+    ) = None
+    namespace_selector: LabelSelector | None = None
+    topology_key: LabelKey
+
+
+class WeightedPodAffinityTerm(_Model):
+    weight: Annotated[int, Field(ge=1, le=100)]
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(_Model):
+    required_during_scheduling_ignored_during_execution: (
+        Annotated[list[PodAffinityTerm], Field(max_length=32)] | None
+    ) = None
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[WeightedPodAffinityTerm], Field(max_length=32)] | None
+    ) = None
+
+
+class Affinity(_Model):
+    """The job pod's affinity, as in a Pod (node affinity, pod affinity and anti-affinity)."""
+
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
 class PodOverride(_Model):
     """The restricted subset of the job pod that a job may shape."""
 
@@ -252,6 +341,17 @@ class PodOverride(_Model):
         default=None, description="Node labels the pod must match."
     )
     tolerations: list[Toleration] | None = Field(default=None, description="Pod tolerations.")
+    affinity: Affinity | None = Field(
+        default=None,
+        description="Pod affinity (nodeAffinity, podAffinity, podAntiAffinity), as in a Pod.",
+    )
+    priority_class_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = (
+        Field(
+            default=None,
+            description="PriorityClass of the job pod (the cluster's priority admission and "
+            "quotas apply as to any pod of the namespace).",
+        )
+    )
     sidecars: Annotated[list[Sidecar], Field(max_length=8)] | None = Field(
         default=None,
         description="Extra containers beside the evaluation (e.g. storage connectivity). They "

@@ -303,6 +303,10 @@ def build_pod(
         pod_spec["initContainers"] = init_containers
     if spec.pod and spec.pod.node_selector:
         pod_spec["nodeSelector"] = dict(spec.pod.node_selector)
+    if spec.pod and spec.pod.affinity:
+        pod_spec["affinity"] = spec.pod.affinity.model_dump(by_alias=True, exclude_none=True)
+    if spec.pod and spec.pod.priority_class_name:
+        pod_spec["priorityClassName"] = spec.pod.priority_class_name
     if spec.pod and spec.pod.tolerations:
         pod_spec["tolerations"] = [
             t.model_dump(by_alias=True, exclude_none=True) for t in spec.pod.tolerations

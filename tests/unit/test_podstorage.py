@@ -186,3 +186,91 @@ def test_a_failed_init_container_explains_the_pod() -> None:
     )
     obj["status"]["message"] = "the kubelet's own words"
     assert PodView.from_object(obj, podspec.MAIN_CONTAINER).message == "the kubelet's own words"
+
+
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["eval"]}]}
+            ]
+        },
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 10,
+                "preference": {
+                    "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]
+                },
+            }
+        ],
+    },
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "lmeval-poller"}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    },
+}
+
+
+def test_affinity_and_priority_class_reach_the_pod_as_written() -> None:
+    pod = _pod(_spec(pod={"affinity": AFFINITY, "priorityClassName": "eval-low"}))
+    assert pod["spec"]["affinity"] == AFFINITY
+    assert pod["spec"]["priorityClassName"] == "eval-low"
+    plain = _pod(_spec())
+    assert "affinity" not in plain["spec"] and "priorityClassName" not in plain["spec"]
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        {"priorityClassName": "Not_A_Name"},
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}
+                }
+            }
+        },
+        {
+            "affinity": {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "topologyKey": "x",
+                            "labelSelector": {
+                                "matchExpressions": [{"key": "a", "operator": "Near"}]
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 0, "preference": {}}
+                    ]
+                }
+            }
+        },
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "spec.nodeName", "operator": "In"}]}
+                        ]
+                    }
+                }
+            }
+        },
+        {"affinity": {"hostNetwork": True}},
+    ],
+)
+def test_bad_placement_is_refused(pod: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        _spec(pod=pod)
