@@ -433,6 +433,24 @@ class Offline(_Model):
     )
 
 
+class ConfigMapVolumeRef(_Model):
+    name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+        description="ConfigMap name."
+    )
+    items: list[KeyToPath] | None = Field(
+        default=None, description="Keys to project; all keys when omitted."
+    )
+
+
+class FileConfigMap(_Model):
+    """A ConfigMap mounted read-only as files in the evaluation container."""
+
+    config_map_ref: ConfigMapVolumeRef = Field(description="The ConfigMap to mount.")
+    mount_path: Annotated[
+        str, Field(pattern=MOUNT_PATH, max_length=1024), rules.mount_path_rule()
+    ] = Field(description="Absolute path of the mount; the same rules as fileSecrets' mountPath.")
+
+
 class LMEvalJobSpec(_Model):
     """What to evaluate and how the job pod may look."""
 
@@ -559,6 +577,13 @@ class LMEvalJobSpec(_Model):
         default=None,
         description="Models and datasets from storage (offline.storage.pvcName or "
         "offline.storage.s3), as TrustyAI LMES's field of the same name.",
+    )
+    file_config_maps: (
+        Annotated[list[FileConfigMap], Field(max_length=rules.FILE_SECRETS_MAX)] | None
+    ) = Field(
+        default=None,
+        description="ConfigMaps mounted read-only as files (as fileSecrets for Secrets); the "
+        "requester must be allowed to get each.",
     )
 
 

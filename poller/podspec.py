@@ -278,8 +278,11 @@ def build_pod(
     Raises JobPodError when the spec asks for something the settings forbid.
     """
     volumes, mounts = _job_volumes(name, uid, spec)
-    storage_volumes, storage_mounts = podstorage.storage_volumes(spec)
-    volumes, mounts = volumes + storage_volumes, mounts + storage_mounts
+    for extra_volumes, extra_mounts in (
+        podstorage.storage_volumes(spec),
+        podstorage.config_map_volumes(spec),
+    ):
+        volumes, mounts = volumes + extra_volumes, mounts + extra_mounts
     init_containers: list[dict[str, Any]] = []
     if settings.driver_image:
         volumes.append({"name": "driver", "emptyDir": {}})

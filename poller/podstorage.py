@@ -49,6 +49,7 @@ __all__ = [
     "HUB_CACHE",
     "STORAGE_ROOT",
     "STORAGE_VOLUME",
+    "config_map_volumes",
     "fetch_container",
     "forces_offline",
     "hub_datasets",
@@ -125,3 +126,20 @@ def fetch_container(spec: api.LMEvalJobSpec, driver: list[str]) -> dict[str, Any
         "env": env,
         "volumeMounts": [{"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT}],
     }
+
+
+def config_map_volumes(
+    spec: api.LMEvalJobSpec,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """spec.fileConfigMaps: read-only configMap volumes and their mounts."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for index, item in enumerate(spec.file_config_maps or []):
+        source: dict[str, Any] = {"name": item.config_map_ref.name}
+        if item.config_map_ref.items:
+            source["items"] = [{"key": i.key, "path": i.path} for i in item.config_map_ref.items]
+        volumes.append({"name": f"configmap-{index}", "configMap": source})
+        mounts.append(
+            {"name": f"configmap-{index}", "mountPath": item.mount_path, "readOnly": True}
+        )
+    return volumes, mounts

@@ -9,7 +9,8 @@ Checks, on LMEvalJobs of the real CRD:
 - a requester who cannot ``get`` a Secret named in ``spec.envSecrets`` or
   ``spec.fileSecrets`` is refused (403) with a message naming the field, its
   index and the Secret; one who can is admitted; the same for ConfigMaps in
-  ``spec.customTasks`` and the claims in ``spec.outputs.pvcName`` and
+  ``spec.customTasks`` and ``spec.fileConfigMaps``, the Secrets of
+  ``spec.offline.storage.s3`` and the claims in ``spec.outputs.pvcName`` and
   ``spec.offline.storage.pvcName``;
 - more than 8 distinct Secrets are refused unless the requester may read
   every Secret of the namespace (the per-name checks are capped by CEL's cost
@@ -412,6 +413,27 @@ def test_offline_s3_secrets_need_read_rights(people: People) -> None:
         "alice may not get Secret s-x",
     )
     assert people.create("alice", job("j", offline=_s3("s-shared", "s-shared"))) == (201, "")
+
+
+def test_file_config_maps_need_read_rights(people: People) -> None:
+    def mounted(name: str, path: str) -> dict[str, Any]:
+        return {"configMapRef": {"name": name}, "mountPath": path}
+
+    refused(
+        people.create(
+            "alice",
+            job(
+                "j",
+                customTasks=[{"configMap": "tasks-shared"}],
+                fileConfigMaps=[mounted("tasks-shared", "/data/a"), mounted("tasks-hidden", "/b")],
+            ),
+        ),
+        403,
+        "spec.fileConfigMaps[1].configMapRef.name:",
+        "alice may not get ConfigMap tasks-hidden",
+    )
+    shared = job("j", fileConfigMaps=[mounted("tasks-shared", "/data/a")])
+    assert people.create("alice", shared) == (201, "")
 
 
 def test_requesters_who_may_not_create_pods_are_refused(people: People) -> None:

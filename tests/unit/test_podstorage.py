@@ -274,3 +274,36 @@ def test_affinity_and_priority_class_reach_the_pod_as_written() -> None:
 def test_bad_placement_is_refused(pod: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         _spec(pod=pod)
+
+
+def test_file_config_maps_are_mounted_read_only() -> None:
+    pod = _pod(
+        _spec(
+            fileConfigMaps=[
+                {"configMapRef": {"name": "prompts"}, "mountPath": "/data/prompts"},
+                {
+                    "configMapRef": {"name": "ca", "items": [{"key": "ca.crt", "path": "ca.pem"}]},
+                    "mountPath": "/etc/extra-ca",
+                },
+            ]
+        )
+    )
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["configmap-0"]["configMap"] == {"name": "prompts"}
+    assert volumes["configmap-1"]["configMap"] == {
+        "name": "ca",
+        "items": [{"key": "ca.crt", "path": "ca.pem"}],
+    }
+    mounts = {m["name"]: m for m in _main(pod)["volumeMounts"]}
+    assert mounts["configmap-0"] == {
+        "name": "configmap-0",
+        "mountPath": "/data/prompts",
+        "readOnly": True,
+    }
+    assert mounts["configmap-1"]["mountPath"] == "/etc/extra-ca"
+
+
+@pytest.mark.parametrize("path", ["/usr/lib/x", "/tmp", "/cache/storage", "/opt/x", "/a/../usr"])
+def test_file_config_maps_keep_off_code_and_the_pollers_mounts(path: str) -> None:
+    with pytest.raises(ValidationError):
+        _spec(fileConfigMaps=[{"configMapRef": {"name": "x"}, "mountPath": path}])
