@@ -371,9 +371,29 @@ class CustomTasks(_Model):
     )
 
 
+class PvcManaged(_Model):
+    """A claim the poller makes for the job's outputs (TrustyAI LMES's outputs.pvcManaged)."""
+
+    size: Quantity = Field(description='Requested storage, e.g. "1Gi".')
+    storage_class_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="StorageClass of the claim (default: the cluster's)."
+    )
+    keep: bool | None = Field(
+        default=None,
+        description="True keeps the claim when the job is deleted (default: it is deleted "
+        "with the job, as its owner).",
+    )
+
+
 class Outputs(_Model):
     pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="PersistentVolumeClaim that receives the full outputs."
+    )
+    pvc_managed: PvcManaged | None = Field(
+        default=None,
+        description="A ReadWriteOnce claim that the poller creates for the outputs, named "
+        "<job>-outputs-<hash>, before the pod; the requester must be allowed to create "
+        "PersistentVolumeClaims in the namespace. Not with pvcName.",
     )
 
 
@@ -526,7 +546,9 @@ class LMEvalJobSpec(_Model):
             "GPU, else cpu.",
         )
     )
-    outputs: Outputs | None = Field(default=None, description="Where full outputs go.")
+    outputs: (
+        Annotated[Outputs, rules.exactly_one_rule("pvcName", "pvcManaged", at_most=True)] | None
+    ) = Field(default=None, description="Where full outputs go.")
     labels: Annotated[dict[LabelKey, LabelValue], rules.poller_keys_rule()] | None = Field(
         default=None,
         description="Labels added to the job pod; not app.kubernetes.io/managed-by nor "

@@ -39,6 +39,7 @@ __all__ = [
     "build_pod",
     "driver_command",
     "lm_eval_argv",
+    "managed_claim",
     "outputs_location",
     "pod_name",
     "resources_for",
@@ -215,12 +216,25 @@ def _env(
 
 def outputs_location(spec: api.LMEvalJobSpec, name: str, uid: str) -> str | None:
     """Where a job's full outputs go, as status reports it (None: only in the pod)."""
-    if not (spec.outputs and spec.outputs.pvc_name):
+    claim = podstorage.outputs_claim(spec, name, uid)
+    if claim is None:
         return None
     return (
-        f"PersistentVolumeClaim {spec.outputs.pvc_name}: run-*/ (lm_eval outputs) and "
+        f"PersistentVolumeClaim {claim}: run-*/ (lm_eval outputs) and "
         f"{pod_name(name, uid)}.log (the complete log)"
     )
+
+
+def managed_claim(
+    name: str, namespace: str, uid: str, spec: api.LMEvalJobSpec
+) -> dict[str, Any] | None:
+    """The outputs claim the poller makes before the pod (outputs.pvcManaged), or None."""
+    labels = {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_JOB_NAME: _label_value(name),
+        LABEL_JOB_UID: uid,
+    }
+    return podstorage.managed_claim(spec, name, namespace, uid, labels)
 
 
 def uid_range_start(annotation: str | None) -> int | None:
@@ -335,7 +349,7 @@ def _job_volumes(
         {"name": "tmp", "mountPath": POD_TMP},
         {"name": "hf-home", "mountPath": HF_HOME},
     ]
-    pvc = spec.outputs.pvc_name if spec.outputs else None
+    pvc = podstorage.outputs_claim(spec, name, uid)
     if pvc:
         volumes.append({"name": "outputs", "persistentVolumeClaim": {"claimName": pvc}})
     else:
@@ -413,7 +427,7 @@ def _main_container(
 ) -> dict[str, Any]:
     """The evaluation container: the driver running lm_eval."""
     # The complete output outlives the pod on the claim, beside the results.
-    keeps_log = bool(spec.outputs and spec.outputs.pvc_name)
+    keeps_log = podstorage.outputs_claim(spec, name, uid) is not None
     command = protocol.run_argv(
         driver_command(settings),
         ["python", "-m", "lm_eval", *lm_eval_argv(spec, settings)],

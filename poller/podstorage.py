@@ -39,6 +39,7 @@ nothing could be downloaded into it anyway.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from driver import protocol
@@ -53,6 +54,9 @@ __all__ = [
     "fetch_container",
     "forces_offline",
     "hub_datasets",
+    "managed_claim",
+    "managed_claim_name",
+    "outputs_claim",
     "storage_env",
     "storage_volumes",
 ]
@@ -143,3 +147,59 @@ def config_map_volumes(
             {"name": f"configmap-{index}", "mountPath": item.mount_path, "readOnly": True}
         )
     return volumes, mounts
+
+
+def managed_claim_name(job_name: str, job_uid: str) -> str:
+    """The claim the poller makes for a job's outputs (outputs.pvcManaged): the job's
+    name (cut) plus 6 hex of its UID, so a later job of the same name never gets it."""
+    suffix = hashlib.sha256(f"{job_uid}/outputs".encode()).hexdigest()[:6]
+    stem = job_name[: 253 - len(suffix) - len("-outputs-")].rstrip("-.")
+    return f"{stem}-outputs-{suffix}"
+
+
+def outputs_claim(spec: api.LMEvalJobSpec, job_name: str, job_uid: str) -> str | None:
+    """The claim that receives the job's outputs: named, or made by the poller."""
+    if spec.outputs is None:
+        return None
+    if spec.outputs.pvc_managed is not None:
+        return managed_claim_name(job_name, job_uid)
+    return spec.outputs.pvc_name
+
+
+def managed_claim(
+    spec: api.LMEvalJobSpec, job_name: str, namespace: str, job_uid: str, labels: dict[str, str]
+) -> dict[str, Any] | None:
+    """The claim manifest for outputs.pvcManaged (None without it): owned by the job
+    (deleted with it by the garbage collector) unless `keep`, and labelled with the
+    job's UID, by which the poller recognises its own claim."""
+    managed = spec.outputs.pvc_managed if spec.outputs else None
+    if managed is None:
+        return None
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": managed.size}},
+    }
+    if managed.storage_class_name is not None:
+        claim_spec["storageClassName"] = managed.storage_class_name
+    metadata: dict[str, Any] = {
+        "name": managed_claim_name(job_name, job_uid),
+        "namespace": namespace,
+        "labels": labels,
+    }
+    if not managed.keep:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+                "kind": api.KIND,
+                "name": job_name,
+                "uid": job_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata,
+        "spec": claim_spec,
+    }

@@ -392,14 +392,17 @@ def security_annotations_rule() -> Cel:
     )
 
 
-def exactly_one_rule(*fields: str) -> Cel:
-    """An object that must set exactly one of `fields` (camelCase, as on the wire)."""
+def exactly_one_rule(*fields: str, at_most: bool = False) -> Cel:
+    """An object that must set exactly one of `fields` (camelCase, as on the wire), or
+    at most one with `at_most`."""
     names = " and ".join(fields) if len(fields) == 2 else ", ".join(fields)
-    message = f"set exactly one of {names}"
+    message = f"set {'at most' if at_most else 'exactly'} one of {names}"
 
     def problem(value: Any) -> str | None:
         dump = value.model_dump(by_alias=True, exclude_none=True)
-        return None if sum(f in dump for f in fields) == 1 else message
+        count = sum(f in dump for f in fields)
+        return None if count == 1 or (at_most and count == 0) else message
 
     has = ", ".join(f"has(self.{f})" for f in fields)
-    return Cel(rule=f"[{has}].filter(x, x).size() == 1", message=message, problem=problem)
+    test = "<=" if at_most else "=="
+    return Cel(rule=f"[{has}].filter(x, x).size() {test} 1", message=message, problem=problem)

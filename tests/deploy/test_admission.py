@@ -170,7 +170,7 @@ SHARED_SECRETS = ["s-shared", *[f"s-{i}" for i in range(MAX_SECRETS)]]
 
 class People:
     """alice: may create pods, reads some named objects; bob: may not create
-    pods; carol: may create pods and read every Secret of the namespace."""
+    pods; carol: may create pods and claims and read every Secret of the namespace."""
 
     def __init__(self, plane: ControlPlane, namespace: str) -> None:
         self.namespace = namespace
@@ -253,7 +253,12 @@ def people(policy: ControlPlane, admin_api: client.ApiClient, namespace: str) ->
             "verbs": ["get"],
         },
     ]
-    carol = [JOB_RIGHTS, pods, {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    carol = [
+        JOB_RIGHTS,
+        pods,
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["create"]},
+    ]
     objects = []
     for user, rules in (("alice", alice), ("bob", bob), ("carol", carol)):
         objects += [_role(f"lmevaljob-{user}", rules), _binding(f"lmevaljob-{user}", user)]
@@ -434,6 +439,16 @@ def test_file_config_maps_need_read_rights(people: People) -> None:
     )
     shared = job("j", fileConfigMaps=[mounted("tasks-shared", "/data/a")])
     assert people.create("alice", shared) == (201, "")
+
+
+def test_managed_outputs_claims_need_the_right_to_create_claims(people: People) -> None:
+    managed = job("j", outputs={"pvcManaged": {"size": "1Gi"}})
+    refused(
+        people.create("alice", managed),
+        403,
+        "spec.outputs.pvcManaged: alice may not create PersistentVolumeClaims in namespace",
+    )
+    assert people.create("carol", managed) == (201, "")
 
 
 def test_requesters_who_may_not_create_pods_are_refused(people: People) -> None:

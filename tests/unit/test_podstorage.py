@@ -307,3 +307,41 @@ def test_file_config_maps_are_mounted_read_only() -> None:
 def test_file_config_maps_keep_off_code_and_the_pollers_mounts(path: str) -> None:
     with pytest.raises(ValidationError):
         _spec(fileConfigMaps=[{"configMapRef": {"name": "x"}, "mountPath": path}])
+
+
+def test_a_managed_outputs_claim_is_made_for_the_job_and_mounted() -> None:
+    spec = _spec(outputs={"pvcManaged": {"size": "2Gi", "storageClassName": "fast"}})
+    pod = _pod(spec)
+    claim_name = podstorage.managed_claim_name("eval", "u-1")
+    assert claim_name.startswith("eval-outputs-")
+    assert {"name": "outputs", "persistentVolumeClaim": {"claimName": claim_name}} in pod["spec"][
+        "volumes"
+    ]
+    claim = podspec.managed_claim("eval", "ns", "u-1", spec)
+    assert claim is not None
+    assert claim["metadata"]["name"] == claim_name
+    assert claim["metadata"]["labels"][podspec.LABEL_JOB_UID] == "u-1"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "2Gi"}},
+        "storageClassName": "fast",
+    }
+    [owner] = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("LMEvalJob", "u-1", True)
+    assert podspec.outputs_location(spec, "eval", "u-1") is not None
+    assert claim_name in (podspec.outputs_location(spec, "eval", "u-1") or "")
+    # The log copy goes to the claim, as with a named claim.
+    assert any(w.startswith("--log-copy=") for w in _main(pod)["command"])
+
+
+def test_a_kept_managed_claim_has_no_owner_and_a_named_claim_is_not_made() -> None:
+    kept = podspec.managed_claim(
+        "eval", "ns", "u-1", _spec(outputs={"pvcManaged": {"size": "1Gi", "keep": True}})
+    )
+    assert kept is not None and "ownerReferences" not in kept["metadata"]
+    assert "storageClassName" not in kept["spec"]
+    assert podspec.managed_claim("eval", "ns", "u-1", _spec(outputs={"pvcName": "mine"})) is None
+    with pytest.raises(ValidationError, match="at most one of pvcName and pvcManaged"):
+        _spec(outputs={"pvcName": "mine", "pvcManaged": {"size": "1Gi"}})
+    with pytest.raises(ValidationError):
+        _spec(outputs={"pvcManaged": {"size": "lots"}})
