@@ -219,6 +219,16 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.pod.affinity.podAffinity"],
     ),
     (
+        "outputs to a named and a managed claim",
+        {"outputs": {"pvcName": "mine", "pvcManaged": {"size": "1Gi"}}},
+        ["spec.outputs", "at most one of pvcName and pvcManaged"],
+    ),
+    (
+        "a managed claim of no size",
+        {"outputs": {"pvcManaged": {"size": "lots"}}},
+        ["spec.outputs.pvcManaged.size"],
+    ),
+    (
         "a ConfigMap mounted over code",
         {"fileConfigMaps": [{"configMapRef": {"name": "c"}, "mountPath": "/usr/lib"}]},
         ["spec.fileConfigMaps[0].mountPath"],
@@ -276,6 +286,7 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("offline storage from a claim", {"offline": {"storage": {"pvcName": "hf-cache"}}}),
+    ("a managed outputs claim", {"outputs": {"pvcManaged": {"size": "2Gi", "keep": True}}}),
     (
         "offline storage from S3",
         {"offline": {"storage": {"s3": {**S3_REFS, "path": "team/hf_cache-1.0/"}}}},
