@@ -224,11 +224,6 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.outputs", "at most one of pvcName and pvcManaged"],
     ),
     (
-        "a managed claim of no size",
-        {"outputs": {"pvcManaged": {"size": "lots"}}},
-        ["spec.outputs.pvcManaged.size"],
-    ),
-    (
         "a ConfigMap mounted over code",
         {"fileConfigMaps": [{"configMapRef": {"name": "c"}, "mountPath": "/usr/lib"}]},
         ["spec.fileConfigMaps[0].mountPath"],
