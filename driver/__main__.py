@@ -11,6 +11,7 @@ Three forms::
     lmeval-driver [options] -- <lm_eval argv...>   run and report
     lmeval-driver decode [FILE]                    what the poller sees in a log
     lmeval-driver release [--output-root DIR]      end an exec-mode hold early
+    lmeval-driver fetch-s3 --dest DIR --path P     copy an S3 prefix (init container)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import NoReturn
 from driver import __version__
 from driver.contract import (
     CMD_DECODE,
+    CMD_FETCH_S3,
     CMD_RELEASE,
     DRIVER_PROGRAM,
     END_OF_OPTIONS,
@@ -33,6 +35,7 @@ from driver.contract import (
     EXIT_DRIVER_ERROR,
     OPT_GRACE_PERIOD,
     OPT_HOLD_SECONDS,
+    OPT_HUB_DATASETS,
     OPT_LOG_COPY,
     OPT_OUTPUT_ROOT,
     OPT_PROGRESS_INTERVAL,
@@ -146,6 +149,13 @@ def _run_parser() -> argparse.ArgumentParser:
         help="report the commit in each DIR/<name>.commit file (task sources cloned from "
         "Git) in the started and final markers",
     )
+    parser.add_argument(
+        OPT_HUB_DATASETS,
+        metavar="DIR",
+        help="a Hugging Face hub cache: start lm_eval in a directory where each cached "
+        "dataset ORG/NAME is a symlink to its snapshot, so that offline runs load Hub "
+        "datasets from the cache",
+    )
     return parser
 
 
@@ -214,6 +224,7 @@ def parse_run_options(args: Sequence[str]) -> RunOptions:
         hold_seconds=parsed.hold_seconds,
         run_id=parsed.run_id,
         task_sources=parsed.task_sources,
+        hub_datasets=parsed.hub_datasets,
     )
 
 
@@ -224,6 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _decode(args[1:])
     if args and args[0] == CMD_RELEASE:
         return _release(args[1:])
+    if args and args[0] == CMD_FETCH_S3:
+        from driver import s3fetch
+
+        return s3fetch.main(args[1:])
     return Run(parse_run_options(args)).execute()
 
 

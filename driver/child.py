@@ -263,9 +263,12 @@ def _parent_death_signal() -> Callable[[], None] | None:
 class Child:
     """The evaluated command, in its own process group."""
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> None:
         self.argv = list(argv)
         self._env = env
+        self._cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self._pidfd = -1
         self._reaped = False
@@ -286,6 +289,7 @@ class Child:
             start_new_session=True,
             preexec_fn=_parent_death_signal(),  # no threads exist yet
             env=self._env,
+            cwd=self._cwd,
         )
         try:
             self._pidfd = os.pidfd_open(self.proc.pid)

@@ -20,6 +20,7 @@ from typing import Final
 
 __all__ = [
     "CMD_DECODE",
+    "CMD_FETCH_S3",
     "CMD_RELEASE",
     "DRIVER_MODULE",
     "DRIVER_PROGRAM",
@@ -39,12 +40,14 @@ __all__ = [
     "EXIT_OK",
     "OPT_GRACE_PERIOD",
     "OPT_HOLD_SECONDS",
+    "OPT_HUB_DATASETS",
     "OPT_LOG_COPY",
     "OPT_OUTPUT_ROOT",
     "OPT_PROGRESS_INTERVAL",
     "OPT_RUN_ID",
     "OPT_TASK_SOURCES",
     "driver_command",
+    "fetch_s3_argv",
     "release_argv",
     "run_argv",
 ]
@@ -73,6 +76,7 @@ DRIVER_MODULE = "driver"
 # Sub-commands (the run itself has none: options, then ``--``, then lm_eval).
 CMD_DECODE = "decode"
 CMD_RELEASE = "release"
+CMD_FETCH_S3 = "fetch-s3"
 END_OF_OPTIONS = "--"
 
 # Options of a run (and OPT_OUTPUT_ROOT of ``release``).
@@ -86,6 +90,7 @@ OPT_HOLD_SECONDS = "--hold-seconds"
 # before the driver started (the poller's init containers write them): the
 # driver reports each name and commit in its started and final markers.
 OPT_TASK_SOURCES = "--task-sources"
+OPT_HUB_DATASETS = "--hub-datasets"
 
 # Environment variables the driver reads: defaults of --output-root (the pod
 # sets it, so that ``release`` through exec finds the same root) and --run-id.
@@ -119,6 +124,7 @@ def run_argv(
     progress_interval: float | None = None,
     run_id: str | None = None,
     task_sources: str | None = None,
+    hub_datasets: str | None = None,
 ) -> list[str]:
     """The argv of one run: `command` (see :func:`driver_command`), the options
     given (the driver's defaults for the others), ``--`` and the child's argv."""
@@ -130,6 +136,7 @@ def run_argv(
         (OPT_PROGRESS_INTERVAL, progress_interval),
         (OPT_RUN_ID, run_id),
         (OPT_TASK_SOURCES, task_sources),
+        (OPT_HUB_DATASETS, hub_datasets),
     ]
     given = [_option(flag, value) for flag, value in options if value is not None]
     return [*command, *given, END_OF_OPTIONS, *child_argv]
@@ -139,3 +146,11 @@ def release_argv(command: Sequence[str], output_root: str | None = None) -> list
     """The argv that ends an exec-mode hold (``$LMEVAL_OUTPUT_ROOT`` by default)."""
     root = [] if output_root is None else [_option(OPT_OUTPUT_ROOT, output_root)]
     return [*command, CMD_RELEASE, *root]
+
+
+def fetch_s3_argv(
+    command: Sequence[str], dest: str, path: str, verify_ssl: bool = True
+) -> list[str]:
+    """The argv that copies S3 prefix `path` into `dest` (the fetch-storage init container)."""
+    argv = [*command, CMD_FETCH_S3, _option("--dest", dest), _option("--path", path)]
+    return argv if verify_ssl else [*argv, "--no-verify-ssl"]

@@ -46,6 +46,7 @@ from typing import Any, Literal
 from driver.boundedjson import JsonLimits, UntrustedJsonError, parse_untrusted_json
 from driver.contract import (
     CMD_DECODE,
+    CMD_FETCH_S3,
     CMD_RELEASE,
     DRIVER_MODULE,
     DRIVER_PROGRAM,
@@ -65,12 +66,14 @@ from driver.contract import (
     EXIT_OK,
     OPT_GRACE_PERIOD,
     OPT_HOLD_SECONDS,
+    OPT_HUB_DATASETS,
     OPT_LOG_COPY,
     OPT_OUTPUT_ROOT,
     OPT_PROGRESS_INTERVAL,
     OPT_RUN_ID,
     OPT_TASK_SOURCES,
     driver_command,
+    fetch_s3_argv,
     release_argv,
     run_argv,
 )
@@ -87,6 +90,7 @@ from driver.payloads import (
 
 __all__ = [
     "CMD_DECODE",
+    "CMD_FETCH_S3",
     "CMD_RELEASE",
     "CRI_LINE_RE",
     "DRIVER_MODULE",
@@ -125,6 +129,7 @@ __all__ = [
     "MAX_RESULTS_MARKER_CHARS",
     "OPT_GRACE_PERIOD",
     "OPT_HOLD_SECONDS",
+    "OPT_HUB_DATASETS",
     "OPT_LOG_COPY",
     "OPT_OUTPUT_ROOT",
     "OPT_PROGRESS_INTERVAL",
@@ -147,6 +152,7 @@ __all__ = [
     "encode_progress",
     "encode_results",
     "encode_started",
+    "fetch_s3_argv",
     "marker_event",
     "neutralize",
     "parse_results_json",

@@ -78,6 +78,7 @@ class RunOptions:
         hold_seconds: float = 0.0,
         run_id: str | None = None,
         task_sources: str | None = None,
+        hub_datasets: str | None = None,
     ) -> None:
         self.child_argv = list(child_argv)
         self.output_root = output_root
@@ -87,6 +88,7 @@ class RunOptions:
         self.hold_seconds = hold_seconds
         self.run_id = run_id
         self.task_sources = task_sources
+        self.hub_datasets = hub_datasets
 
 
 class _Cancel:
@@ -194,6 +196,7 @@ class Run:
         self.final_code: int | None = None  # set once the final marker is out
         self.child_env: dict[str, str] | None = None  # None: the driver's own
         self.task_sources: list[TaskSourceFields] | None = None  # with --task-sources
+        self.child_cwd: str | None = None  # --hub-datasets: the view of the cache
 
     # -- markers -------------------------------------------------------------
 
@@ -243,7 +246,9 @@ class Run:
             if self.cancel.signum is not None:
                 return self._cancelled(None)
             child = Child(
-                [*self.opts.child_argv, "--output_path", self.run_dir], env=self.child_env
+                [*self.opts.child_argv, "--output_path", self.run_dir],
+                env=self.child_env,
+                cwd=self.child_cwd,
             )
             try:
                 child.start()
@@ -265,6 +270,10 @@ class Run:
         finally:
             if child is not None:
                 child.cleanup()
+            if self.child_cwd is not None:
+                import shutil
+
+                shutil.rmtree(self.child_cwd, ignore_errors=True)  # symlinks only
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self._log_copy is not None:
@@ -315,6 +324,23 @@ class Run:
             if bundle is None:
                 return problem
             self.child_env = trust.child_env(bundle)
+        if self.opts.hub_datasets:
+            return self._hub_view(self.opts.hub_datasets)
+        return None
+
+    def _hub_view(self, hub_cache: str) -> str | None:
+        """lm_eval's working directory: the hub cache's datasets as ORG/NAME."""
+        import tempfile
+
+        from driver.hubview import build_view
+
+        try:
+            self.child_cwd = tempfile.mkdtemp(prefix="lmeval-hub-datasets-")
+            exposed = build_view(hub_cache, self.child_cwd)
+        except OSError as exc:
+            return f"cannot expose the datasets of {hub_cache}: {exc}"
+        shown = ", ".join(exposed[:20]) + (", ..." if len(exposed) > 20 else "")
+        self.sink.note(f"{len(exposed)} dataset(s) of {hub_cache} exposed: {shown or 'none'}")
         return None
 
     def _supervise(self, child: Child) -> int:

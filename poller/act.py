@@ -26,7 +26,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from poller import podspec, tasksnapshot
 from poller.actions import (
@@ -149,6 +149,8 @@ class Actuator:
         when the job could not get it (the job was failed, saying why)."""
         # Custom tasks: checked for code and frozen into the job's snapshots.
         problem = tasksnapshot.prepare_custom_tasks(self.kube, job, settings)
+        if problem is None and action.claim is not None:
+            problem = self._outputs_claim(job, action.claim)
         if problem is not None:
             tally.add(patches=self.writes.fail(job, now, problem))
             return None
@@ -164,6 +166,18 @@ class Actuator:
             tally.add(pods_created=1)
             return created
         return self._existing_pod(job, manifest["metadata"]["name"], now, tally)
+
+    def _outputs_claim(self, job: JobView, claim: dict[str, Any]) -> str | None:
+        """Make the job's outputs claim (outputs.pvcManaged); why it cannot be, or None."""
+        name = claim["metadata"]["name"]
+        try:
+            found = self.kube.create_claim(claim)
+        except ApiError as error:
+            return f"the outputs claim {name} was refused: {refused_for_good(error)}"
+        labels = ((found or {}).get("metadata") or {}).get("labels") or {}
+        if found is None or labels.get(podspec.LABEL_JOB_UID) == job.uid:
+            return None  # made now, or by this job's earlier attempt
+        return f"PersistentVolumeClaim {name} exists and is not this job's outputs claim"
 
     def _existing_pod(self, job: JobView, name: str, now: dt.datetime, tally: Tally) -> str | None:
         """The name was taken: adopt the pod if this poller made it, else fail the job.

@@ -73,6 +73,8 @@ class CreatePod:
 
     manifest: dict[str, Any]
     attempt: int = 1
+    # outputs.pvcManaged: the claim made (or found, if the job's own) before the pod.
+    claim: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

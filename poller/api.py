@@ -253,6 +253,95 @@ class Sidecar(_Model):
     ports: list[ContainerPort] | None = None
 
 
+# -- pod placement: affinity (Kubernetes' own shape) -----------------------------------
+_NODE_OPERATOR = r"^(In|NotIn|Exists|DoesNotExist|Gt|Lt)$"
+_LABEL_OPERATOR = r"^(In|NotIn|Exists|DoesNotExist)$"
+_Values = Annotated[list[LabelValue], Field(max_length=64)]
+
+
+class NodeSelectorRequirement(_Model):
+    key: LabelKey
+    operator: Annotated[str, Field(pattern=_NODE_OPERATOR)]
+    values: _Values | None = None
+
+
+class NodeFieldRequirement(_Model):
+    key: Annotated[str, Field(pattern=r"^metadata[.]name$")]
+    operator: Annotated[str, Field(pattern=r"^(In|NotIn)$")]
+    values: (
+        Annotated[
+            list[Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]], Field(max_length=64)
+        ]
+        | None
+    ) = None
+
+
+class NodeSelectorTerm(_Model):
+    match_expressions: Annotated[list[NodeSelectorRequirement], Field(max_length=32)] | None = None
+    match_fields: Annotated[list[NodeFieldRequirement], Field(max_length=32)] | None = None
+
+
+class NodeSelector(_Model):
+    node_selector_terms: Annotated[list[NodeSelectorTerm], Field(min_length=1, max_length=32)]
+
+
+class PreferredSchedulingTerm(_Model):
+    weight: Annotated[int, Field(ge=1, le=100)]
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(_Model):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[PreferredSchedulingTerm], Field(max_length=32)] | None
+    ) = None
+
+
+class LabelSelectorRequirement(_Model):
+    key: LabelKey
+    operator: Annotated[str, Field(pattern=_LABEL_OPERATOR)]
+    values: _Values | None = None
+
+
+class LabelSelector(_Model):
+    match_labels: dict[LabelKey, LabelValue] | None = None
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] | None = None
+
+
+class PodAffinityTerm(_Model):
+    label_selector: LabelSelector | None = None
+    namespaces: (
+        Annotated[
+            list[Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]], Field(max_length=64)
+        ]
+        | None
+    ) = None
+    namespace_selector: LabelSelector | None = None
+    topology_key: LabelKey
+
+
+class WeightedPodAffinityTerm(_Model):
+    weight: Annotated[int, Field(ge=1, le=100)]
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(_Model):
+    required_during_scheduling_ignored_during_execution: (
+        Annotated[list[PodAffinityTerm], Field(max_length=32)] | None
+    ) = None
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[WeightedPodAffinityTerm], Field(max_length=32)] | None
+    ) = None
+
+
+class Affinity(_Model):
+    """The job pod's affinity, as in a Pod (node affinity, pod affinity and anti-affinity)."""
+
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
 class PodOverride(_Model):
     """The restricted subset of the job pod that a job may shape."""
 
@@ -270,6 +359,17 @@ class PodOverride(_Model):
         default=None, description="Node labels the pod must match."
     )
     tolerations: list[Toleration] | None = Field(default=None, description="Pod tolerations.")
+    affinity: Affinity | None = Field(
+        default=None,
+        description="Pod affinity (nodeAffinity, podAffinity, podAntiAffinity), as in a Pod.",
+    )
+    priority_class_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = (
+        Field(
+            default=None,
+            description="PriorityClass of the job pod (the cluster's priority admission and "
+            "quotas apply as to any pod of the namespace).",
+        )
+    )
     sidecars: Annotated[list[Sidecar], Field(max_length=8)] | None = Field(
         default=None,
         description="Extra containers beside the evaluation (e.g. storage connectivity). They "
@@ -328,10 +428,104 @@ class CustomTasks(_Model):
     )
 
 
+class PvcManaged(_Model):
+    """A claim the poller makes for the job's outputs (TrustyAI LMES's outputs.pvcManaged)."""
+
+    size: Quantity = Field(description='Requested storage, e.g. "1Gi".')
+    storage_class_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="StorageClass of the claim (default: the cluster's)."
+    )
+    keep: bool | None = Field(
+        default=None,
+        description="True keeps the claim when the job is deleted (default: it is deleted "
+        "with the job, as its owner).",
+    )
+
+
 class Outputs(_Model):
     pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="PersistentVolumeClaim that receives the full outputs."
     )
+    pvc_managed: PvcManaged | None = Field(
+        default=None,
+        description="A ReadWriteOnce claim that the poller creates for the outputs, named "
+        "<job>-outputs-<hash>, before the pod; the requester must be allowed to create "
+        "PersistentVolumeClaims in the namespace. Not with pvcName.",
+    )
+
+
+class OfflineS3(_Model):
+    """An S3 prefix copied into the pod before the evaluation (TrustyAI LMES's shape)."""
+
+    access_key_id: SecretKeyRef = Field(description="Secret key holding the access key id.")
+    secret_access_key: SecretKeyRef = Field(description="Secret key holding the secret access key.")
+    bucket: SecretKeyRef = Field(description="Secret key holding the bucket name.")
+    endpoint: SecretKeyRef = Field(
+        description="Secret key holding the endpoint URL (http:// or https://, host and port "
+        "only; checked by the copy before any request)."
+    )
+    region: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the region (default us-east-1)."
+    )
+    path: Annotated[str, Field(pattern=r"^([A-Za-z0-9_-][A-Za-z0-9._-]*/?)*$", max_length=1024)] = (
+        Field(
+            default="",
+            description="Prefix copied (a folder of the bucket; empty: the whole bucket). Its "
+            "objects land below /cache/storage relative to it, so hub/... is the hub cache.",
+        )
+    )
+    verify_ssl: bool | None = Field(
+        default=None,
+        alias="verifySSL",
+        description="False skips verifying the endpoint's certificate (default true).",
+    )
+
+
+class OfflineStorage(_Model):
+    """Where an offline job finds models and datasets: a claim, or an S3 prefix."""
+
+    pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="PersistentVolumeClaim mounted read-only at /cache/storage. Its hub/ "
+        "directory is the Hugging Face hub cache (HF_HUB_CACHE, huggingface_hub's layout: "
+        "models--ORG--NAME and datasets--ORG--NAME with refs/, snapshots/ and blobs/), so "
+        "pretrained=ORG/NAME and a task's dataset_path ORG/NAME load from it; any other "
+        "directory can be named by path, e.g. pretrained=/cache/storage/models/NAME. The "
+        "job runs offline (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) whatever allowOnline "
+        "says. The requester must be allowed to get the claim.",
+    )
+    s3: OfflineS3 | None = Field(
+        default=None,
+        description="An S3-compatible prefix that an init container (the job's restricted "
+        "profile, no API rights) copies into an emptyDir mounted read-only at /cache/storage, "
+        "used as a claim would be. The requester must be allowed to get its Secrets.",
+    )
+
+
+class Offline(_Model):
+    """Models and datasets from storage, for clusters without internet."""
+
+    storage: Annotated[OfflineStorage, rules.exactly_one_rule("pvcName", "s3")] = Field(
+        description="Where the models and datasets are: pvcName or s3."
+    )
+
+
+class ConfigMapVolumeRef(_Model):
+    name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+        description="ConfigMap name."
+    )
+    items: list[KeyToPath] | None = Field(
+        default=None, description="Keys to project; all keys when omitted."
+    )
+
+
+class FileConfigMap(_Model):
+    """A ConfigMap mounted read-only as files in the evaluation container."""
+
+    config_map_ref: ConfigMapVolumeRef = Field(description="The ConfigMap to mount.")
+    mount_path: Annotated[
+        str, Field(pattern=MOUNT_PATH, max_length=1024), rules.mount_path_rule()
+    ] = Field(description="Absolute path of the mount; the same rules as fileSecrets' mountPath.")
 
 
 class ConfigMapKeyRef(_Model):
@@ -509,7 +703,9 @@ class LMEvalJobSpec(_Model):
             "GPU, else cpu.",
         )
     )
-    outputs: Outputs | None = Field(default=None, description="Where full outputs go.")
+    outputs: (
+        Annotated[Outputs, rules.exactly_one_rule("pvcName", "pvcManaged", at_most=True)] | None
+    ) = Field(default=None, description="Where full outputs go.")
     labels: Annotated[dict[LabelKey, LabelValue], rules.poller_keys_rule()] | None = Field(
         default=None,
         description="Labels added to the job pod; not app.kubernetes.io/managed-by nor "
@@ -578,6 +774,18 @@ class LMEvalJobSpec(_Model):
         default=None,
         description="Few-shot examples as a multi-turn conversation (--fewshot_as_multiturn). "
         "lm_eval turns it on with a chat template; true needs chatTemplate.enabled.",
+    )
+    offline: Offline | None = Field(
+        default=None,
+        description="Models and datasets from storage (offline.storage.pvcName or "
+        "offline.storage.s3), as TrustyAI LMES's field of the same name.",
+    )
+    file_config_maps: (
+        Annotated[list[FileConfigMap], Field(max_length=rules.FILE_SECRETS_MAX)] | None
+    ) = Field(
+        default=None,
+        description="ConfigMaps mounted read-only as files (as fileSecrets for Secrets); the "
+        "requester must be allowed to get each.",
     )
 
 

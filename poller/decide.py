@@ -129,7 +129,8 @@ def _schedule(
     draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec)
     # The pod's UID is added by the actuator from the create response.
     draft.fields.update(pod_attempt=attempt, pod_uid=None)
-    return Decision([CreatePod(manifest, attempt), *draft.actions()])
+    claim = podspec.managed_claim(job.name, job.namespace, job.uid, spec)
+    return Decision([CreatePod(manifest, attempt, claim), *draft.actions()])
 
 
 def _scheduled_draft(

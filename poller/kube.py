@@ -287,6 +287,19 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def create_claim(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a PersistentVolumeClaim: None when created, else the one of that name."""
+        path = f"/api/v1/namespaces/{manifest['metadata']['namespace']}/persistentvolumeclaims"
+        resource = "persistentvolumeclaims"
+        try:
+            self._request("POST", path, verb="create", resource=resource, body=manifest)
+            return None
+        except Conflict:
+            name = manifest["metadata"]["name"]
+            raw = self._request("GET", f"{path}/{name}", verb="get", resource=resource)
+        found: dict[str, Any] = json.loads(raw)
+        return found
+
     def create_configmap(self, manifest: dict[str, Any]) -> bool:
         """Create a ConfigMap; False when one of that name already exists."""
         namespace = manifest["metadata"]["namespace"]

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from driver import protocol
-from poller import api, podgit, podtls
+from poller import api, podgit, podstorage, podtls
 from poller.settings import Settings
 from poller.specrules import OFFLINE_ENV, env_name_problem
 
@@ -39,6 +39,7 @@ __all__ = [
     "build_pod",
     "driver_command",
     "lm_eval_argv",
+    "managed_claim",
     "outputs_location",
     "pod_name",
     "resources_for",
@@ -214,8 +215,9 @@ def _env(
     ]
     if use_copied_driver:
         env.append({"name": "PYTHONPATH", "value": DRIVER_MOUNT})
-    if not (spec.allow_online and settings.allow_online):
+    if not (spec.allow_online and settings.allow_online) or podstorage.forces_offline(spec):
         env += [{"name": name, "value": "1"} for name in OFFLINE_ENV]
+    env += podstorage.storage_env(spec)
     # The schema refuses these names already (specrules holds the one list);
     # checked again here because the pod is where they would take effect.
     for item in (spec.pod.env if spec.pod else None) or []:
@@ -238,12 +240,25 @@ def _env(
 
 def outputs_location(spec: api.LMEvalJobSpec, name: str, uid: str) -> str | None:
     """Where a job's full outputs go, as status reports it (None: only in the pod)."""
-    if not (spec.outputs and spec.outputs.pvc_name):
+    claim = podstorage.outputs_claim(spec, name, uid)
+    if claim is None:
         return None
     return (
-        f"PersistentVolumeClaim {spec.outputs.pvc_name}: run-*/ (lm_eval outputs) and "
+        f"PersistentVolumeClaim {claim}: run-*/ (lm_eval outputs) and "
         f"{pod_name(name, uid)}.log (the complete log)"
     )
+
+
+def managed_claim(
+    name: str, namespace: str, uid: str, spec: api.LMEvalJobSpec
+) -> dict[str, Any] | None:
+    """The outputs claim the poller makes before the pod (outputs.pvcManaged), or None."""
+    labels = {
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_JOB_NAME: _label_value(name),
+        LABEL_JOB_UID: uid,
+    }
+    return podstorage.managed_claim(spec, name, namespace, uid, labels)
 
 
 def uid_range_start(annotation: str | None) -> int | None:
@@ -303,9 +318,12 @@ def build_pod(
     Raises JobPodError when the spec asks for something the settings forbid.
     """
     volumes, mounts = _job_volumes(name, uid, spec)
-    tls_volumes, tls_mounts = podtls.tls_volumes(spec)
-    volumes += tls_volumes
-    mounts += tls_mounts
+    for extra_volumes, extra_mounts in (
+        podtls.tls_volumes(spec),
+        podstorage.storage_volumes(spec),
+        podstorage.config_map_volumes(spec),
+    ):
+        volumes, mounts = volumes + extra_volumes, mounts + extra_mounts
     init_containers: list[dict[str, Any]] = []
     if settings.driver_image:
         volumes.append({"name": "driver", "emptyDir": {}})
@@ -319,6 +337,8 @@ def build_pod(
         raise JobPodError(str(error)) from None
     volumes += podgit.volumes(spec)
     mounts += podgit.main_mounts(spec, CUSTOM_TASKS_ROOT)
+    if (fetch := podstorage.fetch_container(spec, driver_command(settings))) is not None:
+        init_containers.append(_with_profile(fetch, settings))
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": settings.job_service_account,
@@ -335,6 +355,10 @@ def build_pod(
         pod_spec["initContainers"] = init_containers
     if spec.pod and spec.pod.node_selector:
         pod_spec["nodeSelector"] = dict(spec.pod.node_selector)
+    if spec.pod and spec.pod.affinity:
+        pod_spec["affinity"] = spec.pod.affinity.model_dump(by_alias=True, exclude_none=True)
+    if spec.pod and spec.pod.priority_class_name:
+        pod_spec["priorityClassName"] = spec.pod.priority_class_name
     if spec.pod and spec.pod.tolerations:
         pod_spec["tolerations"] = [
             t.model_dump(by_alias=True, exclude_none=True) for t in spec.pod.tolerations
@@ -360,7 +384,7 @@ def _job_volumes(
         {"name": "tmp", "mountPath": POD_TMP},
         {"name": "hf-home", "mountPath": HF_HOME},
     ]
-    pvc = spec.outputs.pvc_name if spec.outputs else None
+    pvc = podstorage.outputs_claim(spec, name, uid)
     if pvc:
         volumes.append({"name": "outputs", "persistentVolumeClaim": {"claimName": pvc}})
     else:
@@ -407,6 +431,30 @@ def _driver_init_container(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _with_profile(container: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """An init container of the job's image, under the restricted profile; with the
+    copied driver mounted when the image has none (setting driver-image)."""
+    container = {
+        **container,
+        "image": settings.pod_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "securityContext": _security_context(),
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        # Its last log lines become the pod's account of a failure.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if settings.driver_image:
+        container["env"] = [*container["env"], {"name": "PYTHONPATH", "value": DRIVER_MOUNT}]
+        container["volumeMounts"] = [
+            *container["volumeMounts"],
+            {"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True},
+        ]
+    return container
+
+
 def _main_container(
     name: str,
     uid: str,
@@ -416,7 +464,7 @@ def _main_container(
 ) -> dict[str, Any]:
     """The evaluation container: the driver running lm_eval."""
     # The complete output outlives the pod on the claim, beside the results.
-    keeps_log = bool(spec.outputs and spec.outputs.pvc_name)
+    keeps_log = podstorage.outputs_claim(spec, name, uid) is not None
     command = protocol.run_argv(
         driver_command(settings),
         ["python", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
@@ -425,6 +473,7 @@ def _main_container(
         hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
         log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
         task_sources=podgit.CLONE_ROOT if podgit.git_sources(spec) else None,
+        hub_datasets=podstorage.hub_datasets(spec),
     )
     main: dict[str, Any] = {
         "name": MAIN_CONTAINER,

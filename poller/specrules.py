@@ -102,6 +102,7 @@ RESERVED_ENV_NAMES = frozenset(
         # Set by the poller: the offline switch and the driver's paths.
         *OFFLINE_ENV,
         "HF_HOME",
+        "HF_HUB_CACHE",
         "HOME",
         # glibc's "unsecure" variables (sysdeps/generic/unsecure-envvars.h),
         # the ones it drops for setuid programs because they load code or
@@ -389,3 +390,19 @@ def security_annotations_rule() -> Cel:
         _sets_security_profile,
         _SECURITY,
     )
+
+
+def exactly_one_rule(*fields: str, at_most: bool = False) -> Cel:
+    """An object that must set exactly one of `fields` (camelCase, as on the wire), or
+    at most one with `at_most`."""
+    names = " and ".join(fields) if len(fields) == 2 else ", ".join(fields)
+    message = f"set {'at most' if at_most else 'exactly'} one of {names}"
+
+    def problem(value: Any) -> str | None:
+        dump = value.model_dump(by_alias=True, exclude_none=True)
+        count = sum(f in dump for f in fields)
+        return None if count == 1 or (at_most and count == 0) else message
+
+    has = ", ".join(f"has(self.{f})" for f in fields)
+    test = "<=" if at_most else "=="
+    return Cel(rule=f"[{has}].filter(x, x).size() {test} 1", message=message, problem=problem)

@@ -280,6 +280,7 @@ class PodView:
         """The view of a listed pod; `verify` checks its proof of origin (else: no proof)."""
         meta = obj.get("metadata", {})
         status = obj.get("status") or {}
+        init = _blocking_init(status)
         main = next(
             (c for c in status.get("containerStatuses") or [] if c.get("name") == main_container),
             None,
@@ -306,8 +307,8 @@ class PodView:
             if verify is not None
             else None,
             reason=status.get("reason") or "",
-            message=status.get("message") or "",
-            init=_blocking_init(status),
+            message=status.get("message") or _failed_init(init),
+            init=init,
             created=meta.get("creationTimestamp") or "",
             unschedulable_message=next(
                 (
@@ -321,11 +322,23 @@ class PodView:
 
 
 def _blocking_init(status: dict[str, Any]) -> tuple[str, ContainerView] | None:
+    """The first init container that has not succeeded (waiting, running or failed)."""
     for item in status.get("initContainerStatuses") or []:
         view = ContainerView.from_status(item)
         if not (view.state == "terminated" and view.exit_code == 0):
             return str(item.get("name") or ""), view
     return None
+
+
+def _failed_init(init: tuple[str, ContainerView] | None) -> str:
+    """What the first failed init container said (its exit code and termination message)."""
+    if init is None:
+        return ""
+    name, view = init
+    if view.state != "terminated" or not view.exit_code:
+        return ""
+    text = " ".join((view.message or view.reason).split())
+    return f"init container {name} exited {view.exit_code}: {text[:1024]}"
 
 
 @dataclass(frozen=True)

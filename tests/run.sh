@@ -12,6 +12,9 @@ source deploy/sandbox/setup.sh
 echo "== Prometheus (for the metrics tests)"
 python -m poller.sandbox.prometheus
 
+echo "== versitygw, a real S3 server (for the offline-storage tests)"
+python -m poller.sandbox.s3server
+
 echo "== ruff, mypy and the import contracts"
 ruff check .
 mypy

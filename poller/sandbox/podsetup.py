@@ -8,8 +8,9 @@ the pod lifecycle and the set-up as the set-up:
 
 * the pod's volumes are materialised in a per-pod directory that plays the
   container's root filesystem (``<workdir>/pods/<ns>/<pod>-<uid>/root``):
-  emptyDir volumes are directories, PVC volumes a directory shared by the
-  claim's pods, configMap, secret, downwardAPI and projected volumes
+  emptyDir volumes are directories, PVC volumes the directory of the claim's
+  hostPath or local PersistentVolume (else a directory shared by the claim's
+  pods), configMap, secret, downwardAPI and projected volumes
   (service account tokens included) are files; every other mount of a
   volume, and every ``subPath`` mount, is a symlink to it;
 * configMap file contents get their mapped container paths rewritten to
@@ -159,8 +160,7 @@ class PodSetup:
             return
         if "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"]["claimName"]
-            shared = self.workdir / "volumes" / pod.namespace / claim
-            shared.mkdir(parents=True, exist_ok=True)
+            shared = self._claim_directory(pod.namespace, claim)
             home.rmdir()
             home.symlink_to(shared, target_is_directory=True)
             return
@@ -181,6 +181,31 @@ class PodSetup:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             target.chmod(0o444)
+
+    def _claim_directory(self, namespace: str, claim: str) -> Path:
+        """Where claim `namespace/claim`'s files are on this host.
+
+        A claim bound to a hostPath or local PersistentVolume is that PV's
+        directory (static provisioning, as on a real node); any other claim
+        gets a directory of the runner's own, shared by the claim's pods. The
+        runner cannot make a mount read-only (it links, it does not mount): a
+        readOnly mount is read-only on a real node only.
+        """
+        obj = self.api.get_or_none(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+        if obj is None:
+            raise ConfigError(f'persistentvolumeclaim "{claim}" not found')
+        bound = (obj.get("spec") or {}).get("volumeName")
+        if bound and (obj.get("status") or {}).get("phase") == "Bound":
+            volume = self.api.get_or_none(f"/api/v1/persistentvolumes/{bound}") or {}
+            source = volume.get("spec") or {}
+            path = (source.get("hostPath") or source.get("local") or {}).get("path")
+            if path:
+                if not Path(path).is_dir():
+                    raise ConfigError(f"persistentvolume {bound}: {path} is not a directory")
+                return Path(path)
+        shared = self.workdir / "volumes" / namespace / claim
+        shared.mkdir(parents=True, exist_ok=True)
+        return shared
 
     def _source_files(self, pod: LocalPod, source: dict[str, Any]) -> dict[str, bytes]:
         """The files one volume source (or projection source) provides."""

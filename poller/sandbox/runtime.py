@@ -60,6 +60,10 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
         "TMPDIR": str(pod.root / "tmp"),
         "PYTHONPATH": DRIVER_SOURCE,
     }
+    if os.environ.get("PYTHONPATH"):
+        # The image's code is this process's code: a source tree on
+        # PYTHONPATH (a work tree beside an installed checkout) wins in both.
+        base["PYTHONPATH"] = os.environ["PYTHONPATH"]
     env = {**base, **env}
     cwd = pod.mapper.local(c.spec.get("workingDir") or "/")
     if cwd == "/":

@@ -58,6 +58,12 @@ def _secret(env: str) -> dict[str, Any]:
     return {"env": env, "secretRef": {"name": "s", "key": "k"}}
 
 
+S3_REFS = {
+    field: {"name": "s3", "key": field}
+    for field in ("accessKeyId", "secretAccessKey", "bucket", "endpoint")
+}
+
+
 REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
     ("limit 0.0", {"limit": "0.0"}, ["spec.limit"]),
     ("limit .0", {"limit": ".0"}, ["spec.limit"]),
@@ -172,6 +178,56 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
         {"annotations": {"container.apparmor.security.beta.kubernetes.io/lmeval": "unconfined"}},
         ["spec.annotations", "seccomp or AppArmor profile"],
     ),
+    (
+        "offline storage: both a claim and S3",
+        {"offline": {"storage": {"pvcName": "hf", "s3": S3_REFS}}},
+        ["spec.offline.storage", "exactly one of pvcName and s3"],
+    ),
+    (
+        "offline storage: neither",
+        {"offline": {"storage": {}}},
+        ["spec.offline.storage", "exactly one of pvcName and s3"],
+    ),
+    (
+        "an S3 path that climbs",
+        {"offline": {"storage": {"s3": {**S3_REFS, "path": "team/../other"}}}},
+        ["spec.offline.storage.s3.path"],
+    ),
+    (
+        "HF_HUB_CACHE in pod env",
+        {"pod": {"env": [{"name": "HF_HUB_CACHE", "value": "/x"}]}},
+        ["spec.pod.env[0].name", "HF_HUB_CACHE"],
+    ),
+    (
+        "an affinity operator Kubernetes does not have",
+        {
+            "pod": {
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {
+                                    "matchExpressions": [{"key": "a", "operator": "Gt"}]
+                                },
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+        ["spec.pod.affinity.podAffinity"],
+    ),
+    (
+        "outputs to a named and a managed claim",
+        {"outputs": {"pvcName": "mine", "pvcManaged": {"size": "1Gi"}}},
+        ["spec.outputs", "at most one of pvcName and pvcManaged"],
+    ),
+    (
+        "a ConfigMap mounted over code",
+        {"fileConfigMaps": [{"configMapRef": {"name": "c"}, "mountPath": "/usr/lib"}]},
+        ["spec.fileConfigMaps[0].mountPath"],
+    ),
 ]
 
 
@@ -222,6 +278,30 @@ ADMITTED: list[tuple[str, dict[str, Any]]] = [
         {
             "labels": {"team": "evals", "app.kubernetes.io/name": "eval"},
             "annotations": {"example.com/owner": "évals ✓", "notes": "line one\nline two"},
+        },
+    ),
+    ("offline storage from a claim", {"offline": {"storage": {"pvcName": "hf-cache"}}}),
+    ("a managed outputs claim", {"outputs": {"pvcManaged": {"size": "2Gi", "keep": True}}}),
+    (
+        "offline storage from S3",
+        {"offline": {"storage": {"s3": {**S3_REFS, "path": "team/hf_cache-1.0/"}}}},
+    ),
+    (
+        "placement and extra files",
+        {
+            "pod": {
+                "priorityClassName": "eval-low",
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
+                            ]
+                        }
+                    }
+                },
+            },
+            "fileConfigMaps": [{"configMapRef": {"name": "c"}, "mountPath": "/data/c"}],
         },
     ),
 ]

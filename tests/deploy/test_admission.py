@@ -11,8 +11,10 @@ Checks, on LMEvalJobs of the real CRD:
   refused (403) with a message naming the field, its index and the Secret;
   one who can is admitted; the same for ConfigMaps in
   ``spec.customTasks[].configMap`` (Git and ConfigMap sources mixed, each
-  message with the entry's own index) and the claim in
-  ``spec.outputs.pvcName``;
+  message with the entry's own index), in ``spec.fileConfigMaps``, the
+  Secrets of ``spec.offline.storage.s3`` and the claims in
+  ``spec.outputs.pvcName`` and ``spec.offline.storage.pvcName``; creating
+  claims for ``spec.outputs.pvcManaged`` needs the right to create them;
 - more than 8 distinct Secrets are refused unless the requester may read
   every Secret of the namespace (the per-name checks are capped by CEL's cost
   budget);
@@ -173,7 +175,7 @@ SHARED_SECRETS = ["s-shared", *[f"s-{i}" for i in range(MAX_SECRETS)]]
 
 class People:
     """alice: may create pods, reads some named objects; bob: may not create
-    pods; carol: may create pods and read every Secret of the namespace."""
+    pods; carol: may create pods and claims and read every Secret of the namespace."""
 
     def __init__(self, plane: ControlPlane, namespace: str) -> None:
         self.namespace = namespace
@@ -256,7 +258,12 @@ def people(policy: ControlPlane, admin_api: client.ApiClient, namespace: str) ->
             "verbs": ["get"],
         },
     ]
-    carol = [JOB_RIGHTS, pods, {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    carol = [
+        JOB_RIGHTS,
+        pods,
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["create"]},
+    ]
     objects = []
     for user, rules in (("alice", alice), ("bob", bob), ("carol", carol)):
         objects += [_role(f"lmevaljob-{user}", rules), _binding(f"lmevaljob-{user}", user)]
@@ -649,3 +656,71 @@ def test_safe_pod_overrides_are_admitted(twin_people: People, twin: str) -> None
         "annotations": {"team": "evals"},
     }
     assert twin_people.create("alice", job("j", twin, **safe)) == (201, "")
+
+
+def test_offline_storage_claims_need_read_rights(people: People) -> None:
+    refused(
+        people.create("alice", job("j", offline={"storage": {"pvcName": "pvc-hidden"}})),
+        403,
+        "spec.offline.storage.pvcName:",
+        "alice may not get PersistentVolumeClaim pvc-hidden",
+    )
+    shared = job("j", offline={"storage": {"pvcName": "pvc-shared"}})
+    assert people.create("alice", shared) == (201, "")
+
+
+def _s3(secret: str, region_secret: str | None = None) -> dict[str, Any]:
+    refs = {f: {"name": secret, "key": f} for f in ("accessKeyId", "secretAccessKey", "bucket")}
+    refs["endpoint"] = {"name": secret, "key": "endpoint"}
+    if region_secret:
+        refs["region"] = {"name": region_secret, "key": "region"}
+    return {"storage": {"s3": {**refs, "path": "hub"}}}
+
+
+def test_offline_s3_secrets_need_read_rights(people: People) -> None:
+    refused(
+        people.create("alice", job("j", offline=_s3("s-hidden"))),
+        403,
+        "spec.offline.storage.s3.accessKeyId.name:",
+        "alice may not get Secret s-hidden",
+    )
+    refused(
+        people.create(
+            "alice", job("j", envSecrets=[env_secret("s-shared")], offline=_s3("s-shared", "s-x"))
+        ),
+        403,
+        "spec.offline.storage.s3.region.name:",
+        "alice may not get Secret s-x",
+    )
+    assert people.create("alice", job("j", offline=_s3("s-shared", "s-shared"))) == (201, "")
+
+
+def test_file_config_maps_need_read_rights(people: People) -> None:
+    def mounted(name: str, path: str) -> dict[str, Any]:
+        return {"configMapRef": {"name": name}, "mountPath": path}
+
+    refused(
+        people.create(
+            "alice",
+            job(
+                "j",
+                customTasks=[{"configMap": "tasks-shared"}],
+                fileConfigMaps=[mounted("tasks-shared", "/data/a"), mounted("tasks-hidden", "/b")],
+            ),
+        ),
+        403,
+        "spec.fileConfigMaps[1].configMapRef.name:",
+        "alice may not get ConfigMap tasks-hidden",
+    )
+    shared = job("j", fileConfigMaps=[mounted("tasks-shared", "/data/a")])
+    assert people.create("alice", shared) == (201, "")
+
+
+def test_managed_outputs_claims_need_the_right_to_create_claims(people: People) -> None:
+    managed = job("j", outputs={"pvcManaged": {"size": "1Gi"}})
+    refused(
+        people.create("alice", managed),
+        403,
+        "spec.outputs.pvcManaged: alice may not create PersistentVolumeClaims in namespace",
+    )
+    assert people.create("carol", managed) == (201, "")

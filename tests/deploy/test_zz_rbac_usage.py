@@ -9,7 +9,8 @@ with its results read from the log and stored in a ConfigMap that already
 exists (create, then update), then deleted by its ``ttlSecondsAfterFinished``;
 a job cancelled while running (its pod deleted, its log archived); a job
 whose results are read with exec (``results-source: exec``); and a
-leader-election Lease acquired and renewed. Then it reads the apiserver's
+leader-election Lease acquired and renewed; a job's managed outputs claim made, and
+another's found taken by someone else's claim. Then it reads the apiserver's
 audit log (which the poller cannot influence) for the whole session so far:
 
 - every (API group, resource, verb) the rules grant was used at least once,
@@ -32,7 +33,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from poller import api, results
+from poller import api, podstorage, results
 from poller.kube import Kube
 from poller.leader import LeaderElector
 from poller.reconciler import Reconciler
@@ -202,6 +203,27 @@ def test_every_rule_is_used_and_nothing_is_refused(
         assert elector.try_acquire_or_renew()
     finally:
         client.CoordinationV1Api(admin_api).delete_namespaced_lease(lease, POLLER_NS)
+
+    # 5. Managed outputs claims (spec.outputs.pvcManaged): one made before its
+    #    job's pod (create), one whose name a claim of someone else's already
+    #    holds (create meets a conflict, get shows it is not the job's).
+    jobs.create("claimed", outputs={"pvcManaged": {"size": "1Gi"}})
+    cycle_until(poller, lambda: bool(jobs.status("claimed").get("podName")), what="claim made")
+    squatted = jobs.create("squatted", outputs={"pvcManaged": {"size": "1Gi"}})
+    jobs.core.create_namespaced_persistent_volume_claim(
+        jobs.namespace,
+        {
+            "metadata": {
+                "name": podstorage.managed_claim_name("squatted", squatted["metadata"]["uid"])
+            },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    failed = _complete(poller, jobs, "squatted")
+    assert "is not this job's outputs claim" in failed["message"], failed["message"]
 
     granted = granted_rules()
     assert set(UNUSED_ON_PURPOSE) <= granted, "an allowed-unused rule is no longer granted"

@@ -1,0 +1,205 @@
+"""Models and datasets from storage: what ``spec.offline`` adds to the job pod.
+
+Pure (no I/O): podspec.build_pod calls these functions and adds what they
+return.
+
+``offline.storage.pvcName`` names a claim that the pod mounts read-only at
+``/cache/storage``. Its ``hub/`` directory is the Hugging Face hub cache,
+laid out as huggingface_hub lays out downloaded repositories
+(``models--ORG--NAME`` and ``datasets--ORG--NAME``, each with ``refs/``,
+``snapshots/<commit>/`` and ``blobs/``): ``HF_HUB_CACHE`` points there, so
+``pretrained=ORG/NAME`` (transformers, huggingface_hub) loads from it with
+``HF_HUB_OFFLINE=1``. Any other directory of the claim is named by path
+(``pretrained=/cache/storage/models/NAME``). HF_HOME stays the writable
+emptyDir it always is: the ``datasets`` library writes its Arrow cache
+(HF_DATASETS_CACHE, HF_HOME/datasets) and lock files there, never on the
+claim.
+
+Datasets need one more step. ``datasets`` (5.x, as in the job image) does not
+read the hub cache when offline: a Hub name such as ``allenai/ai2_arc`` only
+loads from an Arrow cache made by an earlier online run. It does load a local
+directory given by a relative path, and lm_eval passes a task's
+``dataset_path`` unchanged. So the driver (``--hub-datasets``) makes a
+directory of symlinks ``ORG/NAME -> hub/datasets--ORG--NAME/snapshots/<the
+commit refs/main names>`` and starts lm_eval in it: an unchanged standard task
+(``arc_easy``, ``dataset_path: allenai/ai2_arc``) then reads the snapshot's
+files with the repository's own dataset card, exactly as online.
+
+``offline.storage.s3`` names an S3-compatible prefix instead: the
+``fetch-storage`` init container (the driver's ``fetch-s3``, under the same
+restricted profile as every container of the pod, with the credentials from
+the job's Secrets in its environment only) copies it into an emptyDir, which
+the evaluation mounts read-only at the same place. The prefix is laid out
+like a claim (``hub/...``); S3 has no symlinks, so a hub cache synced there
+holds file copies in ``snapshots/``, which loads the same.
+
+A job with offline storage always runs offline: the storage is read-only, so
+nothing could be downloaded into it anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from driver import protocol
+from poller import api
+
+__all__ = [
+    "FETCH_CONTAINER",
+    "HUB_CACHE",
+    "STORAGE_ROOT",
+    "STORAGE_VOLUME",
+    "config_map_volumes",
+    "fetch_container",
+    "forces_offline",
+    "hub_datasets",
+    "managed_claim",
+    "managed_claim_name",
+    "outputs_claim",
+    "storage_env",
+    "storage_volumes",
+]
+
+STORAGE_ROOT = "/cache/storage"
+HUB_CACHE = f"{STORAGE_ROOT}/hub"
+STORAGE_VOLUME = "offline-storage"
+FETCH_CONTAINER = "fetch-storage"
+
+
+def _storage(spec: api.LMEvalJobSpec) -> api.OfflineStorage | None:
+    return spec.offline.storage if spec.offline else None
+
+
+def storage_volumes(spec: api.LMEvalJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The storage's volumes and the evaluation container's mounts of them."""
+    storage = _storage(spec)
+    if storage is None:
+        return [], []
+    volume: dict[str, Any] = {"name": STORAGE_VOLUME}
+    if storage.pvc_name is not None:
+        volume["persistentVolumeClaim"] = {"claimName": storage.pvc_name, "readOnly": True}
+    else:
+        volume["emptyDir"] = {}  # filled by the fetch-storage init container
+    mount = {"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT, "readOnly": True}
+    return [volume], [mount]
+
+
+def storage_env(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
+    """Variables of the evaluation container: where the hub cache is."""
+    if _storage(spec) is None:
+        return []
+    return [{"name": "HF_HUB_CACHE", "value": HUB_CACHE}]
+
+
+def forces_offline(spec: api.LMEvalJobSpec) -> bool:
+    """Whether the job runs offline whatever allowOnline says."""
+    return _storage(spec) is not None
+
+
+def hub_datasets(spec: api.LMEvalJobSpec) -> str | None:
+    """The hub cache whose datasets the driver exposes to lm_eval (--hub-datasets)."""
+    return HUB_CACHE if _storage(spec) is not None else None
+
+
+def _secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def fetch_container(spec: api.LMEvalJobSpec, driver: list[str]) -> dict[str, Any] | None:
+    """The init container that copies spec.offline.storage.s3 into the storage volume
+    (`driver`: the words that start the driver), without image, security context and
+    resources, which the pod's builder gives every init container alike."""
+    storage = _storage(spec)
+    s3 = storage.s3 if storage else None
+    if s3 is None:
+        return None
+    env = [
+        _secret_env("AWS_ACCESS_KEY_ID", s3.access_key_id),
+        _secret_env("AWS_SECRET_ACCESS_KEY", s3.secret_access_key),
+        _secret_env("S3_BUCKET", s3.bucket),
+        _secret_env("S3_ENDPOINT", s3.endpoint),
+    ]
+    if s3.region is not None:
+        env.append(_secret_env("S3_REGION", s3.region))
+    return {
+        "name": FETCH_CONTAINER,
+        "command": protocol.fetch_s3_argv(
+            driver, STORAGE_ROOT, s3.path, verify_ssl=s3.verify_ssl is not False
+        ),
+        "env": env,
+        "volumeMounts": [{"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT}],
+    }
+
+
+def config_map_volumes(
+    spec: api.LMEvalJobSpec,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """spec.fileConfigMaps: read-only configMap volumes and their mounts."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for index, item in enumerate(spec.file_config_maps or []):
+        source: dict[str, Any] = {"name": item.config_map_ref.name}
+        if item.config_map_ref.items:
+            source["items"] = [{"key": i.key, "path": i.path} for i in item.config_map_ref.items]
+        volumes.append({"name": f"configmap-{index}", "configMap": source})
+        mounts.append(
+            {"name": f"configmap-{index}", "mountPath": item.mount_path, "readOnly": True}
+        )
+    return volumes, mounts
+
+
+def managed_claim_name(job_name: str, job_uid: str) -> str:
+    """The claim the poller makes for a job's outputs (outputs.pvcManaged): the job's
+    name (cut) plus 6 hex of its UID, so a later job of the same name never gets it."""
+    suffix = hashlib.sha256(f"{job_uid}/outputs".encode()).hexdigest()[:6]
+    stem = job_name[: 253 - len(suffix) - len("-outputs-")].rstrip("-.")
+    return f"{stem}-outputs-{suffix}"
+
+
+def outputs_claim(spec: api.LMEvalJobSpec, job_name: str, job_uid: str) -> str | None:
+    """The claim that receives the job's outputs: named, or made by the poller."""
+    if spec.outputs is None:
+        return None
+    if spec.outputs.pvc_managed is not None:
+        return managed_claim_name(job_name, job_uid)
+    return spec.outputs.pvc_name
+
+
+def managed_claim(
+    spec: api.LMEvalJobSpec, job_name: str, namespace: str, job_uid: str, labels: dict[str, str]
+) -> dict[str, Any] | None:
+    """The claim manifest for outputs.pvcManaged (None without it): owned by the job
+    (deleted with it by the garbage collector) unless `keep`, and labelled with the
+    job's UID, by which the poller recognises its own claim."""
+    managed = spec.outputs.pvc_managed if spec.outputs else None
+    if managed is None:
+        return None
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": managed.size}},
+    }
+    if managed.storage_class_name is not None:
+        claim_spec["storageClassName"] = managed.storage_class_name
+    metadata: dict[str, Any] = {
+        "name": managed_claim_name(job_name, job_uid),
+        "namespace": namespace,
+        "labels": labels,
+    }
+    if not managed.keep:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+                "kind": api.KIND,
+                "name": job_name,
+                "uid": job_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata,
+        "spec": claim_spec,
+    }
