@@ -1,0 +1,270 @@
+"""The LMEvalJob API: what a job reads and where its outputs go.
+
+Custom task sources (ConfigMaps, Git), models and datasets from storage
+(``offline``), extra read-only files, the outputs claim, TLS to the model
+endpoint and chat options. Re-exported by ``poller.api``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from poller import specrules as rules
+from poller.apibase import (
+    DATA_KEY,
+    DNS_SUBDOMAIN,
+    GIT_COMMIT,
+    GIT_REF,
+    GIT_URL,
+    MOUNT_PATH,
+    REPO_PATH,
+    TASK_NAME,
+    KeyToPath,
+    Quantity,
+    SecretKeyRef,
+    _Model,
+)
+
+__all__ = [
+    "CABundle",
+    "CABundleSource",
+    "ChatTemplate",
+    "ConfigMapKeyRef",
+    "ConfigMapVolumeRef",
+    "CustomTasks",
+    "FileConfigMap",
+    "GitSource",
+    "ModelTLS",
+    "Offline",
+    "OfflineS3",
+    "OfflineStorage",
+    "Outputs",
+    "PvcManaged",
+]
+
+
+class GitSource(_Model):
+    """A Git repository of task files, cloned at a pinned commit before the evaluation."""
+
+    url: Annotated[str, Field(pattern=GIT_URL, max_length=2048)] = Field(
+        description="Repository URL: https://, or http:// and git:// (unencrypted, so only to "
+        "loopback hosts unless the poller setting git-allow-plaintext is true). No user or "
+        "password in the URL: use credentialsSecret."
+    )
+    branch: Annotated[str, Field(pattern=GIT_REF, max_length=255)] | None = Field(
+        default=None,
+        description="Branch or tag to clone. Resolved when the pod starts; the commit actually "
+        "used is recorded in status.taskSources. With commit, the commit must be on it.",
+    )
+    commit: Annotated[str, Field(pattern=GIT_COMMIT)] | None = Field(
+        default=None,
+        description="Full commit hash (40 or 64 hex digits) checked out exactly. Without "
+        "branch and commit, the repository's default branch is cloned.",
+    )
+    path: Annotated[str, Field(pattern=REPO_PATH, max_length=1024)] | None = Field(
+        default=None,
+        description="Directory inside the repository that holds the task files (no segment "
+        "starting with '.'); the whole repository when omitted.",
+    )
+    credentials_secret: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="Secret with a key .git-credentials in git's credential-store format "
+        "(https://USER:TOKEN@HOST, one per line), mounted as a file into the clone's "
+        "container only and read by git's own store helper. The requester must be able to "
+        "read it.",
+    )
+
+
+class CustomTasks(_Model):
+    """Task YAML files and their data, from a ConfigMap or a Git repository."""
+
+    config_map: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="ConfigMap whose keys are task YAML and data files. The pod mounts an "
+        "immutable copy owned by the job at /opt/lmeval/tasks/<name>; data_files paths in the "
+        "YAML must be absolute under it. Task files that name Python (!function, class, .py "
+        "files, templates reaching Python) need allowCodeExecution.",
+    )
+    git: GitSource | None = Field(
+        default=None,
+        description="A Git repository, cloned by an init container without API rights into "
+        "/opt/lmeval/tasks/git-<i> (i: this entry's index). Its files are not inspected by the "
+        "poller, so a Git source needs allowCodeExecution.",
+    )
+
+
+class PvcManaged(_Model):
+    """A claim the poller makes for the job's outputs (TrustyAI LMES's outputs.pvcManaged)."""
+
+    size: Quantity = Field(description='Requested storage, e.g. "1Gi".')
+    storage_class_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="StorageClass of the claim (default: the cluster's)."
+    )
+    keep: bool | None = Field(
+        default=None,
+        description="True keeps the claim when the job is deleted (default: it is deleted "
+        "with the job, as its owner).",
+    )
+
+
+class Outputs(_Model):
+    pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None, description="PersistentVolumeClaim that receives the full outputs."
+    )
+    pvc_managed: PvcManaged | None = Field(
+        default=None,
+        description="A ReadWriteOnce claim that the poller creates for the outputs, named "
+        "<job>-outputs-<hash>, before the pod; the requester must be allowed to create "
+        "PersistentVolumeClaims in the namespace. Not with pvcName.",
+    )
+
+
+class OfflineS3(_Model):
+    """An S3 prefix copied into the pod before the evaluation (TrustyAI LMES's shape)."""
+
+    access_key_id: SecretKeyRef = Field(description="Secret key holding the access key id.")
+    secret_access_key: SecretKeyRef = Field(description="Secret key holding the secret access key.")
+    bucket: SecretKeyRef = Field(description="Secret key holding the bucket name.")
+    endpoint: SecretKeyRef = Field(
+        description="Secret key holding the endpoint URL (http:// or https://, host and port "
+        "only; checked by the copy before any request)."
+    )
+    region: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the region (default us-east-1)."
+    )
+    path: Annotated[str, Field(pattern=r"^([A-Za-z0-9_-][A-Za-z0-9._-]*/?)*$", max_length=1024)] = (
+        Field(
+            default="",
+            description="Prefix copied (a folder of the bucket; empty: the whole bucket). Its "
+            "objects land below /cache/storage relative to it, so hub/... is the hub cache.",
+        )
+    )
+    verify_ssl: bool | None = Field(
+        default=None,
+        alias="verifySSL",
+        description="False skips verifying the endpoint's certificate (default true).",
+    )
+
+
+class OfflineStorage(_Model):
+    """Where an offline job finds models and datasets: a claim, or an S3 prefix."""
+
+    pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="PersistentVolumeClaim mounted read-only at /cache/storage. Its hub/ "
+        "directory is the Hugging Face hub cache (HF_HUB_CACHE, huggingface_hub's layout: "
+        "models--ORG--NAME and datasets--ORG--NAME with refs/, snapshots/ and blobs/), so "
+        "pretrained=ORG/NAME and a task's dataset_path ORG/NAME load from it; any other "
+        "directory can be named by path, e.g. pretrained=/cache/storage/models/NAME. The "
+        "job runs offline (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) whatever allowOnline "
+        "says. The requester must be allowed to get the claim.",
+    )
+    s3: OfflineS3 | None = Field(
+        default=None,
+        description="An S3-compatible prefix that an init container (the job's restricted "
+        "profile, no API rights) copies into an emptyDir mounted read-only at /cache/storage, "
+        "used as a claim would be. The requester must be allowed to get its Secrets.",
+    )
+
+
+class Offline(_Model):
+    """Models and datasets from storage, for clusters without internet."""
+
+    storage: Annotated[OfflineStorage, rules.exactly_one_rule("pvcName", "s3")] = Field(
+        description="Where the models and datasets are: pvcName or s3."
+    )
+
+
+class ConfigMapVolumeRef(_Model):
+    name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+        description="ConfigMap name."
+    )
+    items: list[KeyToPath] | None = Field(
+        default=None, description="Keys to project; all keys when omitted."
+    )
+
+
+class FileConfigMap(_Model):
+    """A ConfigMap mounted read-only as files in the evaluation container."""
+
+    config_map_ref: ConfigMapVolumeRef = Field(description="The ConfigMap to mount.")
+    mount_path: Annotated[
+        str, Field(pattern=MOUNT_PATH, max_length=1024), rules.mount_path_rule()
+    ] = Field(description="Absolute path of the mount; the same rules as fileSecrets' mountPath.")
+
+
+class ConfigMapKeyRef(_Model):
+    name: Annotated[
+        str, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="ConfigMap name.")
+    ]
+    key: Annotated[
+        str, Field(pattern=DATA_KEY, max_length=253, description="Key in the ConfigMap.")
+    ]
+
+
+def _one_ca_source(bundle: CABundle) -> str | None:
+    if (bundle.config_map_key_ref is None) == (bundle.secret_key_ref is None):
+        return "set exactly one of configMapKeyRef and secretKeyRef"
+    return None
+
+
+class CABundle(_Model):
+    """PEM certificates of the certificate authorities to trust, from one key."""
+
+    config_map_key_ref: ConfigMapKeyRef | None = Field(
+        default=None,
+        description="The ConfigMap key that holds the PEM bundle (e.g. an OpenShift service CA "
+        "or trusted-ca-bundle ConfigMap).",
+    )
+    secret_key_ref: SecretKeyRef | None = Field(
+        default=None, description="The Secret key that holds the PEM bundle (e.g. ca.crt)."
+    )
+
+
+CABundleSource = Annotated[
+    CABundle,
+    rules.Cel(
+        rule="has(self.configMapKeyRef) != has(self.secretKeyRef)",
+        message="set exactly one of configMapKeyRef and secretKeyRef",
+        problem=_one_ca_source,
+    ),
+]
+
+
+class ModelTLS(_Model):
+    """How the evaluation verifies the model endpoint's TLS certificate."""
+
+    ca_bundle: CABundleSource = Field(
+        description="Certificate authorities the evaluation trusts for https:// model "
+        "endpoints, added to the image's own (system and certifi) authorities. Mounted "
+        "read-only; SSL_CERT_FILE and REQUESTS_CA_BUNDLE point lm_eval's HTTP clients "
+        "(aiohttp, requests) at the combined bundle."
+    )
+
+
+class ChatTemplate(_Model):
+    """lm_eval's --apply_chat_template."""
+
+    enabled: bool = Field(description="Format prompts as chat messages (--apply_chat_template).")
+    name: Annotated[str, Field(pattern=TASK_NAME, max_length=128)] | None = Field(
+        default=None,
+        description="A named chat template of the model's tokenizer "
+        "(--apply_chat_template=NAME); the default template when omitted.",
+    )
+
+
+def _task_source_problem(entries: list[CustomTasks]) -> str | None:
+    wrong = [i for i, t in enumerate(entries) if (t.config_map is None) == (t.git is None)]
+    if not wrong:
+        return None
+    where = ", ".join(f"spec.customTasks[{i}]" for i in wrong)
+    return f"each custom task source sets exactly one of configMap and git: {where}"
+
+
+_ONE_TASK_SOURCE_RULE = rules.Cel(
+    rule="self.all(t, has(t.configMap) != has(t.git))",
+    message="each custom task source sets exactly one of configMap and git",
+    problem=_task_source_problem,
+)
