@@ -32,10 +32,13 @@ from poller import podspec, tasksnapshot
 from poller.actions import (
     ArchiveLog,
     CreatePod,
+    CreateWorkload,
     Decision,
     DeleteJob,
     DeletePod,
+    DeleteWorkload,
     PatchStatus,
+    PatchWorkloadStatus,
     PostEvent,
     ReleaseHold,
     StoreResults,
@@ -121,6 +124,15 @@ class Actuator:
                 tally.add(patches=1)
             elif isinstance(action, PostEvent):
                 self.writes.event(job, action, now)
+            elif isinstance(action, CreateWorkload):
+                # Taken already: the next cycle lists it (a 409 is not an error).
+                self.kube.create_workload(action.manifest)
+            elif isinstance(action, PatchWorkloadStatus):
+                self.kube.patch_workload_status(
+                    job.namespace, action.name, action.status, action.resource_version
+                )
+            elif isinstance(action, DeleteWorkload):
+                self.kube.delete_workload(job.namespace, action.name)
         return current
 
     def end_failed(
