@@ -23,7 +23,7 @@ from tests.waiting import wait_for
 
 # Poller fixtures (CRD and RBAC installed, the poller's ServiceAccount, jobs,
 # captured lm_eval runs) are shared by every test group that needs them.
-pytest_plugins = ["tests.poller_fixtures"]
+pytest_plugins = ["tests.poller_fixtures", "tests.kueue_fixtures"]
 
 
 @pytest.fixture(scope="session")

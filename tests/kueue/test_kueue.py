@@ -19,7 +19,7 @@ from poller import kueuegate
 from poller.reconciler import Reconciler
 from poller.results import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
-from tests.kueue.conftest import GPU, Queues
+from tests.kueue_fixtures import GPU, Queues
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kueue]

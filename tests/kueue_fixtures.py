@@ -1,4 +1,7 @@
-"""Fixtures for the Kueue tests: GPU nodes, flavors, queues, labelled jobs.
+"""Fixtures for the tests with Kueue: GPU nodes, flavors, queues, labelled jobs.
+
+(A plugin of the root conftest: tests/kueue uses them, and so does the RBAC
+audit, which drives the poller's Kueue calls itself.)
 
 Kueue itself is the session fixture ``kueue`` (tests/conftest.py). Two kwok
 nodes offer GPUs (``nvidia.com/gpu`` in their capacity), one labelled
