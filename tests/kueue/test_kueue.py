@@ -207,3 +207,18 @@ def test_deleting_the_job_deletes_its_workload(
         propagation_policy="Background",
     )
     cycle_until(poller, lambda: queues.workload(job) is None, what="workload collected")
+
+
+def test_an_inadmissible_workload_says_why(poller: Reconciler, jobs: Jobs, queues: Queues) -> None:
+    queues.create({"a100": 1})
+    queues.local_queue = "no-such-queue"  # the job names a LocalQueue that does not exist
+    queues.job(jobs, "lost")
+
+    def said() -> str | None:
+        message = jobs.status("lost").get("message") or ""
+        return message if "doesn't exist" in message else None
+
+    message = cycle_until(poller, said, timeout=60, what="Kueue's reason in status")
+    assert "no-such-queue" in message
+    assert jobs.status("lost")["state"] == "Suspended"
+    assert not jobs.pods()
