@@ -5,10 +5,12 @@ audit, which drives the poller's Kueue calls itself.)
 
 Kueue itself is the session fixture ``kueue`` (tests/conftest.py). Two kwok
 nodes offer GPUs (``nvidia.com/gpu`` in their capacity), one labelled
-``gpu-type: a100``, the other ``gpu-type: h100``; two ResourceFlavors name
-those labels. Each test makes its own ClusterQueue (cluster-scoped, named
-after its namespace, selecting only that namespace) and LocalQueue, and
-deletes them afterwards.
+``gpu-type: a100``, the other ``gpu-type: h100``, both tainted
+``nvidia.com/gpu=present:NoSchedule`` (other tests' pods never land there);
+two ResourceFlavors name those labels and carry the toleration, which the
+poller adds to the pods Kueue admits to them. Each test makes its own
+ClusterQueue (cluster-scoped, named after its namespace, selecting only that
+namespace) and LocalQueue, and deletes them afterwards.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from tests.waiting import wait_for
 
 GPU = "nvidia.com/gpu"
 GPU_NODES = {"kueue-a100": "a100", "kueue-h100": "h100"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 FLAVORS = ("a100", "h100")
 KUEUE = f"{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}"
 
@@ -43,6 +47,7 @@ def kueue_cluster(kueue: KueueServer, control_plane: ControlPlane) -> KueueServe
     nodes = []
     for name, kind in GPU_NODES.items():
         node = kwok.node_body(name, labels={"gpu-type": kind})
+        node["spec"] = {"taints": [GPU_TAINT]}
         capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", GPU: "4"}
         node["status"] = {"capacity": capacity, "allocatable": capacity}
         nodes.append(node)
@@ -52,7 +57,7 @@ def kueue_cluster(kueue: KueueServer, control_plane: ControlPlane) -> KueueServe
             "apiVersion": KUEUE,
             "kind": "ResourceFlavor",
             "metadata": {"name": kind},
-            "spec": {"nodeLabels": {"gpu-type": kind}},
+            "spec": {"nodeLabels": {"gpu-type": kind}, "tolerations": [GPU_TOLERATION]},
         }
         for kind in FLAVORS
     ]

@@ -19,7 +19,7 @@ from poller import kueuegate
 from poller.reconciler import Reconciler
 from poller.results import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
-from tests.kueue_fixtures import GPU, Queues
+from tests.kueue_fixtures import GPU, GPU_TOLERATION, Queues
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kueue]
@@ -109,7 +109,8 @@ def test_no_label_means_no_workload_and_no_wait(
     poller: Reconciler, jobs: Jobs, queues: Queues
 ) -> None:
     queues.create({"a100": 0})  # no quota at all: a labelled job would wait for ever
-    jobs.create("plain", pod={"resources": {"limits": {GPU: "1"}}})
+    gpu = {"resources": {"limits": {GPU: "1"}}, "tolerations": [GPU_TOLERATION]}
+    jobs.create("plain", pod=gpu)
     cycle_until(poller, lambda: jobs.status("plain").get("state") == "Running", what="Running")
     job = jobs.get("plain")
     assert queues.workload(job) is None
@@ -189,7 +190,9 @@ def test_the_pod_lands_where_the_admitted_flavor_says(
     for name, kind in (("on-a", "a100"), ("on-h", "h100")):
         pod = jobs.pod(jobs.status(name)["podName"])
         assert pod.spec.node_selector == {"gpu-type": kind}
-        assert pod.spec.node_name == f"kueue-{kind}"
+        assert pod.spec.node_name == f"kueue-{kind}"  # tainted: the flavor's toleration
+        tolerations = [t.to_dict() for t in pod.spec.tolerations or []]
+        assert {**GPU_TOLERATION, "toleration_seconds": None, "value": None} in tolerations
 
 
 def test_deleting_the_job_deletes_its_workload(
