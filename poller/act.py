@@ -128,12 +128,23 @@ class Actuator:
                 # Taken already: the next cycle lists it (a 409 is not an error).
                 self.kube.create_workload(action.manifest)
             elif isinstance(action, PatchWorkloadStatus):
-                self.kube.patch_workload_status(
-                    job.namespace, action.name, action.status, action.resource_version
-                )
+                self._patch_workload_status(job, action)
             elif isinstance(action, DeleteWorkload):
                 self.kube.delete_workload(job.namespace, action.name)
         return current
+
+    def _patch_workload_status(self, job: JobView, action: PatchWorkloadStatus) -> None:
+        """Kueue writes its workloads too: a stale write is decided again next cycle."""
+        try:
+            self.kube.patch_workload_status(
+                job.namespace, action.name, action.status, action.resource_version
+            )
+        except Conflict:
+            log.info(
+                "workload %s/%s changed meanwhile; deciding again next cycle",
+                job.namespace,
+                action.name,
+            )
 
     def end_failed(
         self, job: JobView, pod: PodView | None, message: str, now: dt.datetime, tally: Tally

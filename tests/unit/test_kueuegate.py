@@ -13,15 +13,18 @@ import datetime as dt
 from typing import Any
 
 from poller import api, decide, kueuegate
+from poller.act import Actuator
 from poller.actions import (
     ArchiveLog,
     CreatePod,
     CreateWorkload,
+    Decision,
     DeletePod,
     DeleteWorkload,
     Needs,
     PatchWorkloadStatus,
 )
+from poller.apierrors import Conflict
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.settings import Settings
 from poller.timefmt import format_time
@@ -264,3 +267,27 @@ def test_workload_names_are_deterministic_and_valid() -> None:
     name = kueuegate.workload_name("x" * 300, "uid")
     assert len(name) <= 253 and name == kueuegate.workload_name("x" * 300, "uid")
     assert kueuegate.workload_name("eval", "a") != kueuegate.workload_name("eval", "b")
+
+
+class _StaleKube:
+    """Kueue wrote the workload since it was listed: every status patch is stale."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def patch_workload_status(self, *args: Any) -> None:
+        self.calls += 1
+        raise Conflict("workloads: conflict")
+
+
+def test_a_stale_workload_write_is_decided_again_next_cycle() -> None:
+    kube = _StaleKube()
+    actuator = Actuator(kube, None, None, lambda: None)  # type: ignore[arg-type]
+
+    class Tally:
+        def add(self, *, patches: int = 0, pods_created: int = 0) -> None:
+            raise AssertionError("nothing to count")
+
+    patch = PatchWorkloadStatus("w", {"conditions": []}, "7")
+    actuator.carry_out(job(), Decision([patch]), SETTINGS, NOW, Tally())
+    assert kube.calls == 1  # tried once, no error raised
