@@ -78,6 +78,8 @@ QUEUE_LABEL = KUEUE_QUEUE_LABEL
 PRIORITY_LABEL = KUEUE_PRIORITY_LABEL
 WORKLOAD_PRIORITY_SOURCE = f"{KUEUE_GROUP}/workloadpriorityclass"
 POD_SET = "main"
+# Evictions after which Kueue's integrations requeue a workload at once.
+_REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
 _NAME_LIMIT = 253
 
 
@@ -396,7 +398,7 @@ def _with(
 def requeue_status(workload: WorkloadView, now: dt.datetime) -> dict[str, Any]:
     """The status patch that gives an evicted workload's quota back to Kueue, as
     Kueue's own job integrations do once the job stopped: admission cleared,
-    QuotaReserved and Admitted false, Requeued true (back in the queue)."""
+    QuotaReserved and Admitted false, Requeued (true after a preemption)."""
     stamp = format_time(now)
     evicted = workload.condition("Evicted") or {}
     reason = str(evicted.get("reason") or "Evicted")
@@ -408,7 +410,10 @@ def requeue_status(workload: WorkloadView, now: dt.datetime) -> dict[str, Any]:
             _condition(
                 "Admitted", False, "NoReservation", "The workload has no reservation", stamp, None
             ),
-            _condition("Requeued", True, reason, message, stamp, None),
+            # Back in the queue at once after a preemption or a node failure;
+            # other evictions (a stopped queue, ...) wait for Kueue to requeue
+            # them, exactly as Kueue's own integrations leave them.
+            _condition("Requeued", reason in _REQUEUED_AT_ONCE, reason, message, stamp, None),
         ],
     )
     return {"admission": None, "conditions": conditions}
