@@ -225,3 +225,40 @@ def test_an_inadmissible_workload_says_why(poller: Reconciler, jobs: Jobs, queue
     assert "no-such-queue" in message
     assert jobs.status("lost")["state"] == "Suspended"
     assert not jobs.pods()
+
+
+def test_suspend_gives_the_workload_up_and_resume_queues_a_new_one(
+    poller: Reconciler, jobs: Jobs, queues: Queues
+) -> None:
+    queues.create({"a100": 1})
+    job = queues.job(jobs, "pausable")
+    cycle_until(poller, lambda: jobs.status("pausable").get("state") == "Running", what="Running")
+    first = queues.workload(job)
+    assert first is not None
+
+    def suspend(value: bool) -> None:
+        jobs.custom.patch_namespaced_custom_object(
+            "foundation-model-stack.github.com",
+            "v1beta1",
+            jobs.namespace,
+            "lmevaljobs",
+            "pausable",
+            {"spec": {"suspend": value}},
+        )
+
+    suspend(True)
+    cycle_until(
+        poller,
+        lambda: queues.workload(job) is None and not jobs.pods(),
+        timeout=60,
+        what="pod and workload gone",
+    )
+    assert jobs.status("pausable")["state"] == "Suspended"
+    suspend(False)
+    cycle_until(
+        poller, lambda: jobs.status("pausable").get("state") == "Running", what="Running again"
+    )
+    second = queues.workload(job)
+    assert second is not None and second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert _condition(second, "Admitted").get("status") == "True"
+    assert jobs.status("pausable")["podAttempt"] == 2
