@@ -259,6 +259,8 @@ def waiting_message(workload: WorkloadView | None, queue: str) -> str:
     if evicted is not None:
         why = str(evicted.get("message") or evicted.get("reason") or "").strip()
         prefix = f"waiting for Kueue after an eviction ({why})" if why else "waiting for Kueue"
+        if words == why:
+            return prefix
     else:
         prefix = f"waiting for Kueue: workload {workload.name} in LocalQueue {queue}"
     if words:

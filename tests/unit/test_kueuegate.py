@@ -291,3 +291,12 @@ def test_a_stale_workload_write_is_decided_again_next_cycle() -> None:
     patch = PatchWorkloadStatus("w", {"conditions": []}, "7")
     actuator.carry_out(job(), Decision([patch]), SETTINGS, NOW, Tally())
     assert kube.calls == 1  # tried once, no error raised
+
+
+def test_messages_after_an_eviction_say_it_once() -> None:
+    message = kueuegate.waiting_message(REQUEUED, "team-a")
+    assert message.count("Preempted to accommodate") == 1
+    assert message.startswith("waiting for Kueue after an eviction")
+    assert kueuegate.waiting_reason(REQUEUED) == "KueuePreempted"
+    assert kueuegate.waiting_reason(None) == "KueueQueued"
+    assert kueuegate.stop_message(None) == "Kueue's workload was deleted"
