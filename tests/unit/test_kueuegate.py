@@ -300,3 +300,20 @@ def test_messages_after_an_eviction_say_it_once() -> None:
     assert kueuegate.waiting_reason(REQUEUED) == "KueuePreempted"
     assert kueuegate.waiting_reason(None) == "KueueQueued"
     assert kueuegate.stop_message(None) == "Kueue's workload was deleted"
+
+
+def test_a_withdrawn_admission_stops_the_pod_too() -> None:
+    decision = decide.decide(job(running_status()), pod(), SETTINGS, NOW, kueue=KueueView(PENDING))
+    assert DeletePod(pod().name) in decision.actions
+    status = status_of(decision)
+    assert status.state == api.JobState.SUSPENDED
+    assert "withdrew the admission" in (status.message or "")
+
+
+def test_a_pod_that_is_over_is_read_as_always_even_if_evicted_meanwhile() -> None:
+    finished = pod("terminated", phase="Succeeded", exit_code=0)
+    current = job(running_status())
+    plain = decide.what_to_observe(current, finished, SETTINGS, NOW)
+    assert (
+        decide.what_to_observe(current, finished, SETTINGS, NOW, kueue=KueueView(EVICTED)) == plain
+    )
