@@ -364,6 +364,7 @@ class Step(Enum):
     RUNNING = "running"
     # Under Kueue (`poller.kueuegate`); an admitted job without a pod is SCHEDULE.
     KUEUE_SUBMIT = "kueue-submit"  # create the workload
+    KUEUE_RESUBMIT = "kueue-resubmit"  # the job changed while waiting: a new workload
     KUEUE_WAIT = "kueue-wait"  # the workload waits for admission
     KUEUE_RELEASE = "kueue-release"  # evicted, pod gone: give the quota back
     KUEUE_STOP = "kueue-stop"  # the pod runs without an admission: delete it
@@ -371,6 +372,7 @@ class Step(Enum):
 
 _GATED_STEPS = {
     Gate.SUBMIT: Step.KUEUE_SUBMIT,
+    Gate.RESUBMIT: Step.KUEUE_RESUBMIT,
     Gate.WAIT: Step.KUEUE_WAIT,
     Gate.RELEASE: Step.KUEUE_RELEASE,
     Gate.STOP: Step.KUEUE_STOP,
@@ -411,6 +413,7 @@ def route(
             pod_phase=pod.phase if pod is not None else "",
             main_state=pod.main.state if pod is not None else "",
             workload=kueue.workload,
+            wanted=_submitted_for(job),
         )
         if verdict in _GATED_STEPS:
             return _GATED_STEPS[verdict]
@@ -609,6 +612,10 @@ def _running(
     return Decision([*draft.actions(before=before), *releases])
 
 
+def _submitted_for(job: JobView) -> str:
+    return kueuegate.submitted_for(job.generation, job.queue_name, job.priority_class)
+
+
 def _kueue_wait(
     job: JobView, workload: kueuegate.WorkloadView | None, now: dt.datetime, message: str = ""
 ) -> StatusDraft:
@@ -652,8 +659,16 @@ def _gated(
             queue=job.queue_name,
             pod=made[1],
             priority=priority,
+            submitted=_submitted_for(job),
         )
         return Decision([CreateWorkload(manifest), *_kueue_wait(job, None, now).actions()])
+    if workload is not None and step is Step.KUEUE_RESUBMIT:
+        message = (
+            f"waiting for Kueue: the job changed since workload {workload.name} was "
+            "submitted; submitting it again"
+        )
+        draft = _kueue_wait(job, None, now, message)
+        return Decision([DeleteWorkload(workload.name), *draft.actions()])
     if workload is not None and step is Step.KUEUE_RELEASE:
         status = kueuegate.requeue_status(workload, now)
         release = PatchWorkloadStatus(workload.name, status, workload.resource_version)

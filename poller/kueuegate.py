@@ -24,6 +24,8 @@ Kueue's job integrations do for a batch Job:
   reservation is released back to Kueue (the status update Kueue's job
   integrations make: admission cleared, QuotaReserved false, Requeued
   true), so that a later admission starts a fresh pod;
+* a job whose spec or Kueue labels changed before its pod exists gets a
+  new workload (the old one was made for another pod or queue);
 * a finished job marks its workload ``Finished`` (freeing the quota); a job
   suspended by its user gives its workload up (deleted; resuming queues a
   new one); deleting the job deletes the workload (ownerReference).
@@ -78,6 +80,10 @@ QUEUE_LABEL = KUEUE_QUEUE_LABEL
 PRIORITY_LABEL = KUEUE_PRIORITY_LABEL
 WORKLOAD_PRIORITY_SOURCE = f"{KUEUE_GROUP}/workloadpriorityclass"
 POD_SET = "main"
+# What a workload was submitted for: the job's spec generation, queue and
+# priority class. A waiting job whose spec or Kueue labels changed since gets
+# a new workload (its pod set must be the pod that will run).
+SUBMITTED_ANNOTATION = f"{api.API_GROUP}/submitted-for"
 # Evictions after which Kueue's integrations requeue a workload at once.
 _REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
 _NAME_LIMIT = 253
@@ -107,6 +113,8 @@ class WorkloadView:
     cluster_queue: str
     # The flavors assigned to the pod set (distinct names, in order).
     flavors: tuple[str, ...]
+    # SUBMITTED_ANNOTATION's value ("" when absent).
+    submitted_for: str = ""
 
     def condition(self, kind: str) -> dict[str, Any] | None:
         return next((c for c in self.conditions if c.get("type") == kind), None)
@@ -151,6 +159,7 @@ class WorkloadView:
             quota_reserved=bool(admission),
             cluster_queue=str((admission or {}).get("clusterQueue") or ""),
             flavors=tuple(flavors),
+            submitted_for=str((meta.get("annotations") or {}).get(SUBMITTED_ANNOTATION) or ""),
         )
 
 
@@ -195,6 +204,7 @@ class Gate(Enum):
     """What Kueue's side of a gated job calls for (`gate`)."""
 
     SUBMIT = "submit"  # no workload yet: create it
+    RESUBMIT = "resubmit"  # the job changed while it waited: delete the workload
     WAIT = "wait"  # the workload waits for admission
     RELEASE = "release"  # evicted, the pod gone: give the quota back, requeue
     STOP = "stop"  # the pod runs without an admission: delete it, back to the queue
@@ -209,6 +219,11 @@ def workload_name(job_name: str, job_uid: str) -> str:
     return f"{stem}-{suffix}"
 
 
+def submitted_for(generation: int, queue: str, priority_class: str) -> str:
+    """What a workload made now is for (`SUBMITTED_ANNOTATION`)."""
+    return f"{generation}/{queue}/{priority_class}"
+
+
 def _pod_is_over(pod_phase: str, main_state: str) -> bool:
     return main_state == "terminated" or pod_phase in ("Failed", "Succeeded")
 
@@ -221,6 +236,7 @@ def gate(
     pod_phase: str,
     main_state: str,
     workload: WorkloadView | None,
+    wanted: str = "",
 ) -> Gate:
     """Kueue's verdict for a gated job that is neither finished, cancelled nor
     suspended by its user. Pure.
@@ -228,7 +244,9 @@ def gate(
     A pod that exists is left alone while its workload is admitted, when it
     is already over (its outcome is read as for any pod) or going away, and
     when there is no workload at all (a job started before it had the label,
-    or before Kueue was installed, is not stopped behind its back).
+    or before Kueue was installed, is not stopped behind its back). A job
+    without a pod whose workload was submitted for another spec generation,
+    queue or priority class than `wanted` (`submitted_for`) resubmits.
     """
     if workload is not None and workload.deleting:
         return Gate.FREE if pod_exists else Gate.WAIT
@@ -242,6 +260,8 @@ def gate(
         return Gate.FREE  # its pod vanished: the job ends, as without Kueue
     if workload is None:
         return Gate.SUBMIT
+    if wanted and workload.submitted_for and workload.submitted_for != wanted:
+        return Gate.RESUBMIT
     if workload.evicted and workload.quota_reserved:
         return Gate.RELEASE
     if workload.admitted:
@@ -308,6 +328,7 @@ def workload_manifest(
     queue: str,
     pod: dict[str, Any],
     priority: Priority | None,
+    submitted: str = "",
 ) -> dict[str, Any]:
     """The Workload for the pod `pod` (a `podspec.build_pod` manifest): one pod set
     of count 1 with that pod's spec, owned by the job."""
@@ -345,6 +366,7 @@ def workload_manifest(
                 podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY,
                 podspec.LABEL_JOB_UID: job_uid,
             },
+            "annotations": {SUBMITTED_ANNOTATION: submitted} if submitted else {},
             "ownerReferences": metadata["ownerReferences"],
         },
         "spec": workload_spec,

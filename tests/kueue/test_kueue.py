@@ -212,7 +212,9 @@ def test_deleting_the_job_deletes_its_workload(
     cycle_until(poller, lambda: queues.workload(job) is None, what="workload collected")
 
 
-def test_an_inadmissible_workload_says_why(poller: Reconciler, jobs: Jobs, queues: Queues) -> None:
+def test_an_inadmissible_workload_says_why_and_a_fixed_label_resubmits(
+    poller: Reconciler, jobs: Jobs, queues: Queues
+) -> None:
     queues.create({"a100": 1})
     queues.local_queue = "no-such-queue"  # the job names a LocalQueue that does not exist
     queues.job(jobs, "lost")
@@ -225,6 +227,22 @@ def test_an_inadmissible_workload_says_why(poller: Reconciler, jobs: Jobs, queue
     assert "no-such-queue" in message
     assert jobs.status("lost")["state"] == "Suspended"
     assert not jobs.pods()
+    first = queues.workload(jobs.get("lost"))
+    assert first is not None
+
+    # The label fixed: its workload is submitted again, to the right queue, and runs.
+    jobs.custom.patch_namespaced_custom_object(
+        "foundation-model-stack.github.com",
+        "v1beta1",
+        jobs.namespace,
+        "lmevaljobs",
+        "lost",
+        {"metadata": {"labels": {kueuegate.QUEUE_LABEL: "team"}}},
+    )
+    cycle_until(poller, lambda: jobs.status("lost").get("state") == "Running", what="Running")
+    second = queues.workload(jobs.get("lost"))
+    assert second is not None and second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert second["spec"]["queueName"] == "team"
 
 
 def test_suspend_gives_the_workload_up_and_resume_queues_a_new_one(

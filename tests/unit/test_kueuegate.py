@@ -10,6 +10,7 @@ same job without Kueue (``kueue=None``) decides exactly as before.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 from poller import api, decide, kueuegate
@@ -317,3 +318,24 @@ def test_a_pod_that_is_over_is_read_as_always_even_if_evicted_meanwhile() -> Non
     assert (
         decide.what_to_observe(current, finished, SETTINGS, NOW, kueue=KueueView(EVICTED)) == plain
     )
+
+
+def test_a_job_changed_while_it_waits_submits_a_new_workload() -> None:
+    current = job(suspended_status())
+    made = decide.decide(job(), None, SETTINGS, NOW, kueue=KueueView(None))
+    (create,) = [a for a in made.actions if isinstance(a, CreateWorkload)]
+    fingerprint = create.manifest["metadata"]["annotations"][kueuegate.SUBMITTED_ANNOTATION]
+    assert fingerprint == "3/team-a/"  # generation, queue, priority class
+
+    def submitted(value: str) -> WorkloadView:
+        return replace(PENDING, submitted_for=value)
+
+    same = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(submitted(fingerprint)))
+    assert not [a for a in same.actions if isinstance(a, DeleteWorkload)]
+    older = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(submitted("2/team-a/")))
+    assert DeleteWorkload(PENDING.name) in older.actions
+    assert "submitting it again" in (status_of(older).message or "")
+    # While it goes away the job waits; once gone, a new one is submitted.
+    going = replace(submitted("2/team-a/"), deleting=True)
+    waiting = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(going))
+    assert not [a for a in waiting.actions if isinstance(a, DeleteWorkload | CreateWorkload)]
