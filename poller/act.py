@@ -32,10 +32,13 @@ from poller import podspec, tasksnapshot
 from poller.actions import (
     ArchiveLog,
     CreatePod,
+    CreateWorkload,
     Decision,
     DeleteJob,
     DeletePod,
+    DeleteWorkload,
     PatchStatus,
+    PatchWorkloadStatus,
     PostEvent,
     ReleaseHold,
     StoreResults,
@@ -121,7 +124,27 @@ class Actuator:
                 tally.add(patches=1)
             elif isinstance(action, PostEvent):
                 self.writes.event(job, action, now)
+            elif isinstance(action, CreateWorkload):
+                # Taken already: the next cycle lists it (a 409 is not an error).
+                self.kube.create_workload(action.manifest)
+            elif isinstance(action, PatchWorkloadStatus):
+                self._patch_workload_status(job, action)
+            elif isinstance(action, DeleteWorkload):
+                self.kube.delete_workload(job.namespace, action.name)
         return current
+
+    def _patch_workload_status(self, job: JobView, action: PatchWorkloadStatus) -> None:
+        """Kueue writes its workloads too: a stale write is decided again next cycle."""
+        try:
+            self.kube.patch_workload_status(
+                job.namespace, action.name, action.status, action.resource_version
+            )
+        except Conflict:
+            log.info(
+                "workload %s/%s changed meanwhile; deciding again next cycle",
+                job.namespace,
+                action.name,
+            )
 
     def end_failed(
         self, job: JobView, pod: PodView | None, message: str, now: dt.datetime, tally: Tally

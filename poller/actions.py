@@ -18,13 +18,16 @@ __all__ = [
     "Action",
     "ArchiveLog",
     "CreatePod",
+    "CreateWorkload",
     "Decision",
     "DeleteJob",
     "DeletePod",
+    "DeleteWorkload",
     "ExecRequest",
     "LogRequest",
     "Needs",
     "PatchStatus",
+    "PatchWorkloadStatus",
     "PostEvent",
     "ReleaseHold",
     "StoreResults",
@@ -60,11 +63,21 @@ class Needs:
     namespace_uid: bool = False  # its OpenShift UID range: a pod is about to be made
     log: LogRequest | None = None  # the log window to read first
     held_results: bool = False  # exec mode: cat the results file the log shows held
+    # Kueue (`poller.kueuegate`): the ResourceFlavors assigned to an admitted
+    # workload, for a pod made now; the WorkloadPriorityClass of a workload
+    # submitted now.
+    flavors: tuple[str, ...] = ()
+    priority_class: str | None = None
 
     @property
     def any(self) -> bool:
         """Whether anything must be read before deciding."""
-        return self.namespace_uid or self.log is not None
+        return (
+            self.namespace_uid
+            or self.log is not None
+            or bool(self.flavors)
+            or self.priority_class is not None
+        )
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,27 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class CreateWorkload:
+    """Create the job's Kueue Workload (`poller.kueuegate.workload_manifest`)."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchWorkloadStatus:
+    """Merge-patch a Workload's status; `resource_version` makes a stale write fail."""
+
+    name: str
+    status: dict[str, Any]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class DeleteWorkload:
+    name: str
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     """Delete the job itself (TTL); its pod and ConfigMap go through ownerReferences."""
 
@@ -136,6 +170,9 @@ Action = (
     | DeletePod
     | DeleteJob
     | ReleaseHold
+    | CreateWorkload
+    | PatchWorkloadStatus
+    | DeleteWorkload
 )
 
 

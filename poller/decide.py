@@ -23,23 +23,29 @@ from __future__ import annotations
 
 import datetime as dt
 from enum import Enum
+from typing import Any
 
 from pydantic import ValidationError
 
-from poller import api, outcome, podgit, podspec
+from poller import api, kueuegate, outcome, podgit, podspec
 from poller.actions import (
     Action,
     ArchiveLog,
     CreatePod,
+    CreateWorkload,
     Decision,
     DeleteJob,
     DeletePod,
+    DeleteWorkload,
     LogRequest,
     Needs,
+    PatchStatus,
+    PatchWorkloadStatus,
     ReleaseHold,
     StoreResults,
 )
 from poller.draft import StatusDraft
+from poller.kueuegate import Gate, KueueView
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.settings import Settings
 from poller.timefmt import parse_time
@@ -107,9 +113,10 @@ def _seconds_between(start: str | None, end: dt.datetime) -> float:
     return (end - begun).total_seconds() if begun else 0.0
 
 
-def _schedule(
+def _job_pod(
     job: JobView, settings: Settings, now: dt.datetime, run_as_user: int | None
-) -> Decision:
+) -> tuple[api.LMEvalJobSpec, dict[str, Any]] | Decision:
+    """The job's spec and pod manifest; or the decision that fails a job that has none."""
     try:
         spec = api.LMEvalJobSpec.model_validate(job.spec)
     except ValidationError as error:
@@ -125,8 +132,26 @@ def _schedule(
         )
     except podspec.JobPodError as error:
         return decide_failure(job, now, str(error))
+    return spec, manifest
+
+
+def _schedule(
+    job: JobView,
+    settings: Settings,
+    now: dt.datetime,
+    run_as_user: int | None,
+    kueue: KueueView | None = None,
+) -> Decision:
+    made = _job_pod(job, settings, now, run_as_user)
+    if isinstance(made, Decision):
+        return made
+    spec, manifest = made
+    admitted_by = None
+    if kueue is not None and kueue.workload is not None:
+        manifest = kueuegate.place(manifest, kueue.flavors or ())
+        admitted_by = f"admitted by Kueue (ClusterQueue {kueue.workload.cluster_queue})"
     attempt = (job.status.pod_attempt or 0) + 1
-    draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec)
+    draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec, admitted_by)
     # The pod's UID is added by the actuator from the create response.
     draft.fields.update(pod_attempt=attempt, pod_uid=None)
     claim = podspec.managed_claim(job.name, job.namespace, job.uid, spec)
@@ -134,16 +159,24 @@ def _schedule(
 
 
 def _scheduled_draft(
-    job: JobView, now: dt.datetime, name: str, spec: api.LMEvalJobSpec | None
+    job: JobView,
+    now: dt.datetime,
+    name: str,
+    spec: api.LMEvalJobSpec | None,
+    admitted_by: str | None = None,
 ) -> StatusDraft:
-    """The status of a job whose pod `name` was just created (or adopted)."""
+    """The status of a job whose pod `name` was just created (or adopted);
+    `admitted_by` says so when Kueue admitted it."""
     draft = StatusDraft(job, now)
     resumed = job.status.state == S.SUSPENDED
     if resumed:
         paused = _seconds_between(job.status.suspend_time, now)
         draft.fields["suspended_seconds"] = int((job.status.suspended_seconds or 0) + paused)
         draft.fields.pop("suspend_time", None)
-        draft.condition(C.SUSPENDED, False, "Resumed", "spec.suspend is false")
+        if admitted_by is not None:
+            draft.condition(C.SUSPENDED, False, "Admitted", admitted_by)
+        else:
+            draft.condition(C.SUSPENDED, False, "Resumed", "spec.suspend is false")
         draft.condition(C.RUNNING, False, "Resumed", "a fresh pod was created")
     draft.state(
         S.SCHEDULED, R.NO_REASON, f"pod {name} created", event="Resumed" if resumed else None
@@ -211,8 +244,19 @@ def _stop(
     return Decision(draft.actions(before=_remove_pod(pod, settings)))
 
 
-def _suspend(job: JobView, pod: PodView | None, settings: Settings, now: dt.datetime) -> Decision:
-    if job.status.state == S.SUSPENDED and (pod is None or pod.deleting):
+def _suspend(
+    job: JobView,
+    pod: PodView | None,
+    settings: Settings,
+    now: dt.datetime,
+    kueue: KueueView | None = None,
+) -> Decision:
+    # A job under Kueue gives its workload up (and its quota); resuming queues a new one.
+    workload = kueue.workload if kueue is not None else None
+    give_up: list[Action] = []
+    if workload is not None and not workload.deleting:
+        give_up = [DeleteWorkload(workload.name)]
+    if kueue is None and job.status.state == S.SUSPENDED and (pod is None or pod.deleting):
         return Decision()
     draft = StatusDraft(job, now)
     draft.state(S.SUSPENDED, R.NO_REASON, "suspended: spec.suspend is true")
@@ -220,7 +264,7 @@ def _suspend(job: JobView, pod: PodView | None, settings: Settings, now: dt.date
     draft.condition(C.SUSPENDED, True, "Suspended", "spec.suspend is true")
     if any(c.type == C.RUNNING.value for c in draft.conditions):
         draft.condition(C.RUNNING, False, "Suspended", "the pod was deleted")
-    return Decision(draft.actions(before=_remove_pod(pod, settings)))
+    return Decision(draft.actions(before=[*_remove_pod(pod, settings), *give_up]))
 
 
 def _deadline_exceeded(job: JobView, now: dt.datetime) -> str | None:
@@ -236,7 +280,30 @@ def _deadline_exceeded(job: JobView, now: dt.datetime) -> str | None:
     )
 
 
-def _retention(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
+def _finish_workload(
+    status: api.LMEvalJobStatus, kueue: KueueView | None, now: dt.datetime
+) -> list[Action]:
+    """A finished job's workload is marked Finished, which frees its quota in Kueue."""
+    workload = kueue.workload if kueue is not None else None
+    if workload is None or workload.finished or workload.deleting:
+        return []
+    if status.state != S.COMPLETE:
+        return []
+    succeeded = status.reason == R.SUCCEEDED
+    message = status.message or (status.reason or R.NO_REASON).value
+    patch = kueuegate.finished_status(workload, succeeded, message, now)
+    return [PatchWorkloadStatus(workload.name, patch, workload.resource_version)]
+
+
+def _retention(
+    job: JobView, settings: Settings, now: dt.datetime, kueue: KueueView | None = None
+) -> Decision:
+    finish = _finish_workload(job.status, kueue, now)
+    kept = _kept(job, settings, now)
+    return Decision([*finish, *kept.actions])
+
+
+def _kept(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
     ttl = job.ttl_seconds_after_finished
     if ttl is None:
         ttl = settings.default_ttl_seconds_after_finished
@@ -314,10 +381,32 @@ class Step(Enum):
     POD_DELETING = "pod-deleting"
     STARTING = "starting"  # pending, or the container waits
     RUNNING = "running"
+    # Under Kueue (`poller.kueuegate`); an admitted job without a pod is SCHEDULE.
+    KUEUE_SUBMIT = "kueue-submit"  # create the workload
+    KUEUE_RESUBMIT = "kueue-resubmit"  # the job changed while waiting: a new workload
+    KUEUE_WAIT = "kueue-wait"  # the workload waits for admission
+    KUEUE_RELEASE = "kueue-release"  # evicted, pod gone: give the quota back
+    KUEUE_STOP = "kueue-stop"  # the pod runs without an admission: delete it
 
 
-def route(job: JobView, pod: PodView | None, now: dt.datetime, queue: QueueSlot | None) -> Step:
-    """The branch of `decide` for this observation. Pure."""
+_GATED_STEPS = {
+    Gate.SUBMIT: Step.KUEUE_SUBMIT,
+    Gate.RESUBMIT: Step.KUEUE_RESUBMIT,
+    Gate.WAIT: Step.KUEUE_WAIT,
+    Gate.RELEASE: Step.KUEUE_RELEASE,
+    Gate.STOP: Step.KUEUE_STOP,
+    Gate.START: Step.SCHEDULE,
+}
+
+
+def route(
+    job: JobView,
+    pod: PodView | None,
+    now: dt.datetime,
+    queue: QueueSlot | None,
+    kueue: KueueView | None = None,
+) -> Step:
+    """The branch of `decide` for this observation (`kueue`: the job is under Kueue). Pure."""
     if job.deleting:
         return Step.NOTHING
     state = job.status.state
@@ -335,6 +424,18 @@ def route(job: JobView, pod: PodView | None, now: dt.datetime, queue: QueueSlot 
         return Step.CANCEL
     if job.suspend_requested:
         return Step.SUSPEND
+    if kueue is not None:
+        verdict = kueuegate.gate(
+            state=state,
+            pod_exists=pod is not None,
+            pod_deleting=pod is not None and pod.deleting,
+            pod_phase=pod.phase if pod is not None else "",
+            main_state=pod.main.state if pod is not None else "",
+            workload=kueue.workload,
+            wanted=_submitted_for(job),
+        )
+        if verdict in _GATED_STEPS:
+            return _GATED_STEPS[verdict]
     if state == S.SUSPENDED:
         # The old pod still going away: resume after.
         return Step.NOTHING if pod is not None else Step.SCHEDULE
@@ -369,6 +470,7 @@ def what_to_observe(
     *,
     queue: QueueSlot | None = None,
     progress_due: bool = False,
+    kueue: KueueView | None = None,
 ) -> Needs:
     """What `decide` will need beyond the job and its pod, read before it runs. Pure.
 
@@ -379,9 +481,12 @@ def what_to_observe(
     PROGRESS_TAIL_LINES lines, and in exec mode the results file the driver
     holds, if that log shows it holding one (`outcome.results_to_exec`).
     """
-    step = route(job, pod, now, queue)
+    step = route(job, pod, now, queue, kueue)
     if step is Step.SCHEDULE:
-        return Needs(namespace_uid=True)
+        workload = kueue.workload if kueue is not None else None
+        return Needs(namespace_uid=True, flavors=workload.flavors if workload else ())
+    if step is Step.KUEUE_SUBMIT and job.priority_class:
+        return Needs(priority_class=job.priority_class)
     if step is Step.FINISHED and pod is not None:
         return Needs(log=outcome.first_results_window(job, pod))
     if step is Step.RUNNING and pod is not None and progress_due:
@@ -401,6 +506,7 @@ def decide(
     queue: QueueSlot | None = None,
     exec_view: ExecView | None = None,
     run_as_user: int | None = None,
+    kueue: KueueView | None = None,
 ) -> Decision:
     """The actions that move `job` toward what it asks and what its pod shows. Pure.
 
@@ -408,22 +514,48 @@ def decide(
     `log` the last window of the pod's log read, `exec_view` what an exec'd
     `cat` of the held results returned, `run_as_user` the namespace's
     OpenShift UID (for a pod made now), if any. `queue` is set when the job
-    waits for a free slot (max-running-jobs).
+    waits for a free slot (max-running-jobs); `kueue` when the job is under
+    Kueue (`poller.kueuegate`), with what `what_to_observe` asked of it.
     """
-    step = route(job, pod, now, queue)
+    decision = _decide(job, pod, settings, now, log, queue, exec_view, run_as_user, kueue)
+    if kueue is None:
+        return decision
+    # A job that finishes now frees its Kueue quota in the same breath.
+    for action in decision.actions:
+        if isinstance(action, PatchStatus) and action.status.state == S.COMPLETE:
+            decision.actions.extend(_finish_workload(action.status, kueue, now))
+            break
+    return decision
+
+
+def _decide(
+    job: JobView,
+    pod: PodView | None,
+    settings: Settings,
+    now: dt.datetime,
+    log: LogView | None,
+    queue: QueueSlot | None,
+    exec_view: ExecView | None,
+    run_as_user: int | None,
+    kueue: KueueView | None,
+) -> Decision:
+    """`decide`, before a finishing job's workload is marked Finished."""
+    step = route(job, pod, now, queue, kueue)
     if step is Step.NOTHING:
         return Decision()
     if step is Step.RETENTION:
-        return _retention(job, settings, now)
+        return _retention(job, settings, now, kueue)
+    if kueue is not None and step.name.startswith("KUEUE_"):
+        return _gated(step, job, pod, settings, now, kueue)
     if step is Step.UNREADABLE:
         message = f"the poller cannot read this LMEvalJob: {job.problem}"
         return decide_failure(job, now, message, cause="UnreadableJob")
     if step is Step.CANCEL:
         return _stop(job, pod, settings, now, R.CANCELLED, "cancelled: spec.cancel is true")
     if step is Step.SUSPEND:
-        return _suspend(job, pod, settings, now)
+        return _suspend(job, pod, settings, now, kueue)
     if step is Step.SCHEDULE:
-        return _schedule(job, settings, now, run_as_user)
+        return _schedule(job, settings, now, run_as_user, kueue)
     if step is Step.OVERDUE:
         overdue = _deadline_exceeded(job, now) or ""
         return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")
@@ -502,3 +634,72 @@ def _running(
     before: list[Action] = [a for a in held if isinstance(a, StoreResults)]
     releases = [a for a in held if isinstance(a, ReleaseHold)]
     return Decision([*draft.actions(before=before), *releases])
+
+
+def _submitted_for(job: JobView) -> str:
+    return kueuegate.submitted_for(job.generation, job.queue_name, job.priority_class)
+
+
+def _kueue_wait(
+    job: JobView, workload: kueuegate.WorkloadView | None, now: dt.datetime, message: str = ""
+) -> StatusDraft:
+    """The status of a job Kueue holds: Suspended, in Kueue's own words."""
+    draft = StatusDraft(job, now)
+    message = message or kueuegate.waiting_message(workload, job.queue_name)
+    reason = kueuegate.waiting_reason(workload)
+    draft.state(S.SUSPENDED, R.NO_REASON, message, event=reason)
+    draft.fields.setdefault("suspend_time", draft.now)
+    draft.condition(C.SUSPENDED, True, reason, message)
+    if any(c.type == C.RUNNING.value for c in draft.conditions):
+        draft.condition(C.RUNNING, False, reason, message)
+    return draft
+
+
+def _gated(
+    step: Step,
+    job: JobView,
+    pod: PodView | None,
+    settings: Settings,
+    now: dt.datetime,
+    kueue: KueueView,
+) -> Decision:
+    """`decide` for the steps under Kueue's gate (`poller.kueuegate`)."""
+    workload = kueue.workload
+    if step is Step.KUEUE_SUBMIT:
+        made = _job_pod(job, settings, now, None)
+        if isinstance(made, Decision):
+            return made
+        priority = kueue.priority
+        if job.priority_class and (priority is None or priority.value is None):
+            message = (
+                f"waiting: WorkloadPriorityClass {job.priority_class} (label "
+                f"{kueuegate.PRIORITY_LABEL}) does not exist"
+            )
+            return Decision(_kueue_wait(job, None, now, message).actions())
+        manifest = kueuegate.workload_manifest(
+            job_name=job.name,
+            job_uid=job.uid,
+            namespace=job.namespace,
+            queue=job.queue_name,
+            pod=made[1],
+            priority=priority,
+            submitted=_submitted_for(job),
+        )
+        return Decision([CreateWorkload(manifest), *_kueue_wait(job, None, now).actions()])
+    if workload is not None and step is Step.KUEUE_RESUBMIT:
+        message = (
+            f"waiting for Kueue: the job changed since workload {workload.name} was "
+            "submitted; submitting it again"
+        )
+        draft = _kueue_wait(job, None, now, message)
+        return Decision([DeleteWorkload(workload.name), *draft.actions()])
+    if workload is not None and step is Step.KUEUE_RELEASE:
+        status = kueuegate.requeue_status(workload, now)
+        release = PatchWorkloadStatus(workload.name, status, workload.resource_version)
+        return Decision([release, *_kueue_wait(job, workload, now).actions()])
+    if step is Step.KUEUE_STOP:
+        message = kueuegate.stop_message(workload) + "; the job is back in Kueue's queue"
+        draft = _kueue_wait(job, workload, now, message)
+        draft.condition(C.RUNNING, False, kueuegate.waiting_reason(workload), message)
+        return Decision(draft.actions(before=_remove_pod(pod, settings)))
+    return Decision(_kueue_wait(job, workload, now).actions())

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from poller import api, kubepages, timefmt
+from poller import api, kubepages, kueuegate, timefmt
 from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
 from poller.transport import EXEC_MAX_STDOUT_BYTES, ApiTransport, ExecOutputTooLarge, ExecRefused
 
@@ -50,6 +50,7 @@ RequestHook = Callable[[str, str, str], None]
 PAGE_SIZE = 500
 _JOBS = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
 _LEASES = "/apis/coordination.k8s.io/v1"
+_KUEUE = f"/apis/{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}"
 REQUEST_TIMEOUT = 30.0
 
 
@@ -151,6 +152,44 @@ class Kube:
         return self._list(
             f"/api/v1{where}/pods", "pods", kubepages.POD_PAGE, labelSelector=label_selector
         )
+
+    def list_workloads(
+        self, label_selector: str, namespace: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Kueue Workloads matching `label_selector`, as `WorkloadObject`s (status and
+        metadata only). NotFound when Kueue is not installed (no Workload CRD)."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list(
+            f"{_KUEUE}{where}/workloads",
+            "workloads",
+            kubepages.WORKLOAD_PAGE,
+            labelSelector=label_selector,
+        )
+
+    def read_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        """A Kueue ResourceFlavor (cluster-scoped), or None when it does not exist."""
+        try:
+            raw = self._request(
+                "GET", f"{_KUEUE}/resourceflavors/{name}", verb="get", resource="resourceflavors"
+            )
+        except NotFound:
+            return None
+        found: dict[str, Any] = json.loads(raw)
+        return found
+
+    def read_workload_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A Kueue WorkloadPriorityClass (cluster-scoped), or None when it does not exist."""
+        try:
+            raw = self._request(
+                "GET",
+                f"{_KUEUE}/workloadpriorityclasses/{name}",
+                verb="get",
+                resource="workloadpriorityclasses",
+            )
+        except NotFound:
+            return None
+        found: dict[str, Any] = json.loads(raw)
+        return found
 
     def read_configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """A ConfigMap's data, or None when it does not exist."""
@@ -359,6 +398,44 @@ class Kube:
                 f"/api/v1/namespaces/{namespace}/pods/{name}",
                 verb="delete",
                 resource="pods",
+            )
+
+    def create_workload(self, manifest: dict[str, Any]) -> bool:
+        """Create a Kueue Workload; False when one of that name exists already."""
+        namespace = manifest["metadata"]["namespace"]
+        try:
+            self._request(
+                "POST",
+                f"{_KUEUE}/namespaces/{namespace}/workloads",
+                verb="create",
+                resource="workloads",
+                body=manifest,
+            )
+        except Conflict:
+            return False
+        return True
+
+    def patch_workload_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> None:
+        """Merge-patch a Workload's /status; the resourceVersion makes a stale write Conflict."""
+        self._request(
+            "PATCH",
+            f"{_KUEUE}/namespaces/{namespace}/workloads/{name}/status",
+            verb="patch",
+            resource="workloads/status",
+            body={"metadata": {"resourceVersion": resource_version}, "status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        """Delete a Kueue Workload; gone already is fine."""
+        with contextlib.suppress(NotFound):
+            self._request(
+                "DELETE",
+                f"{_KUEUE}/namespaces/{namespace}/workloads/{name}",
+                verb="delete",
+                resource="workloads",
             )
 
     def delete_job(self, namespace: str, name: str) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
+from poller.kueuegate import WorkloadObject
 from poller.views import JobObject, PodObject
 
-__all__ = ["JOB_PAGE", "METADATA_ONLY", "POD_PAGE", "paged"]
+__all__ = ["JOB_PAGE", "METADATA_ONLY", "POD_PAGE", "WORKLOAD_PAGE", "paged"]
 
 
 class _JobPage(TypedDict, total=False):
@@ -34,6 +35,11 @@ class _PodPage(TypedDict, total=False):
     items: list[PodObject] | None
 
 
+class _WorkloadPage(TypedDict, total=False):
+    metadata: Any
+    items: list[WorkloadObject] | None
+
+
 class _MetadataOnly(TypedDict, total=False):
     metadata: Any
 
@@ -43,6 +49,7 @@ class _MetadataOnly(TypedDict, total=False):
 # pass finds.
 JOB_PAGE: TypeAdapter[Any] = TypeAdapter(_JobPage)
 POD_PAGE: TypeAdapter[Any] = TypeAdapter(_PodPage)
+WORKLOAD_PAGE: TypeAdapter[Any] = TypeAdapter(_WorkloadPage)
 METADATA_ONLY: TypeAdapter[Any] = TypeAdapter(_MetadataOnly)
 
 

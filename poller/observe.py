@@ -36,9 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from poller import outcome, podspec
+from poller import kueuegate, outcome, podspec
 from poller.actions import LogRequest, Needs
-from poller.kube import Kube
+from poller.kube import ApiError, Kube, NotFound
+from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.podreads import PodReads
 from poller.settings import Settings
 from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
@@ -63,6 +64,20 @@ class Listing:
     # their views are kept (`JobView.unreadable`), so they are ended or
     # expire instead of being skipped for ever.
     unreadable: list[tuple[dict[str, Any], Exception]] = field(default_factory=list)
+    # Kueue (`poller.kueuegate`): whether its Workloads are served (listed only
+    # when a job carries its queue label), each job's workload by job UID, and
+    # why the workloads could not be listed, if so (the jobs under Kueue then
+    # wait for the next cycle: never started behind Kueue's back).
+    kueue_installed: bool = False
+    workloads_by_job: dict[str, WorkloadView] = field(default_factory=dict)
+    workloads_listed: int = 0
+    kueue_error: str | None = None
+
+    def kueue_view(self, job: JobView) -> KueueView | None:
+        """The job's side of Kueue, when Kueue gates it (its label, and Kueue installed)."""
+        if not job.queue_name or not self.kueue_installed:
+            return None
+        return KueueView(self.workloads_by_job.get(job.uid))
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,9 @@ class Observed:
     exec_view: ExecView | None = None
     # The first UID of the namespace's OpenShift range, for a pod made now.
     run_as_user: int | None = None
+    # The job's side of Kueue when Kueue gates it, with the flavors and the
+    # priority class the needs named.
+    kueue: KueueView | None = None
 
 
 class Observer:
@@ -119,7 +137,31 @@ class Observer:
             pod = by_name.get((job.namespace, podspec.pod_name(job.name, job.uid)))
             if pod is not None:
                 listing.pods_by_job[job.uid] = pod
+        if any(job.queue_name for job in listing.jobs):
+            self._list_workloads(listing, scopes)
         return listing
+
+    def _list_workloads(self, listing: Listing, scopes: list[str | None]) -> None:
+        """The Workloads the poller made (one LIST per scope), joined to their jobs
+        by name and controller; Kueue counts as absent when they are not served."""
+        by_name: dict[tuple[str, str], WorkloadView] = {}
+        try:
+            for namespace in scopes:
+                for obj in self.kube.list_workloads(MANAGED_SELECTOR, namespace):
+                    listing.workloads_listed += 1
+                    view = WorkloadView.from_object(obj)
+                    by_name[(view.namespace, view.name)] = view
+        except NotFound:
+            return  # no Workload CRD: Kueue is not installed
+        except ApiError as error:
+            listing.kueue_installed = True
+            listing.kueue_error = f"cannot list Kueue workloads: {error}"
+            return
+        listing.kueue_installed = True
+        for job in listing.jobs:
+            found = by_name.get((job.namespace, kueuegate.workload_name(job.name, job.uid)))
+            if found is not None and found.owner_uid == job.uid:
+                listing.workloads_by_job[job.uid] = found
 
     def _job_view(self, obj: dict[str, Any]) -> JobView:
         meta = obj.get("metadata") or {}
@@ -136,8 +178,16 @@ class Observer:
         settings: Settings,
         needs: Needs,
         queue: QueueSlot | None = None,
+        kueue: KueueView | None = None,
     ) -> Observed:
-        """Read what `needs` names for `job`, in order: the namespace, the log, the exec."""
+        """Read what `needs` names for `job`, in order: Kueue's flavors and priority
+        class, the namespace, the log, the exec."""
+        if kueue is not None and (needs.flavors or needs.priority_class):
+            kueue = replace(
+                kueue,
+                flavors=tuple(self._flavor(name) for name in needs.flavors),
+                priority=self._priority(needs.priority_class) if needs.priority_class else None,
+            )
         run_as_user = self._namespace_uid(job.namespace) if needs.namespace_uid else None
         log_view: LogView | None = None
         exec_view: ExecView | None = None
@@ -147,7 +197,16 @@ class Observer:
                 wanted = outcome.results_to_exec(job, pod, settings, log_view)
                 if wanted is not None:
                     exec_view = self.reads.exec_results(job, wanted)
-        return Observed(job, pod, queue, log_view, exec_view, run_as_user)
+        return Observed(job, pod, queue, log_view, exec_view, run_as_user, kueue)
+
+    def _flavor(self, name: str) -> Flavor:
+        found = self.kube.read_resource_flavor(name)
+        return Flavor.from_object(found) if found is not None else Flavor(name)
+
+    def _priority(self, name: str) -> Priority:
+        found = self.kube.read_workload_priority_class(name)
+        value = (found or {}).get("value")
+        return Priority(name, value if isinstance(value, int) else None)
 
     def _namespace_uid(self, namespace: str) -> int | None:
         """OpenShift: the first UID of the namespace's range, for a pod made now."""

@@ -42,6 +42,7 @@ from poller.act import Actuator
 from poller.actions import Decision, Needs
 from poller.identity import PodProof, load_pod_proof
 from poller.kube import Kube
+from poller.kueuegate import KueueView
 from poller.observe import Observed, Observer
 from poller.podreads import PodReads
 from poller.queue import plan_queue
@@ -164,7 +165,13 @@ class Reconciler:
         for meta, error in listing.unreadable:
             self._count_error(report, meta, error)
         jobs, pods_by_job = listing.jobs, listing.pods_by_job
-        queue = plan_queue(jobs, pods_by_job, settings.max_running_jobs)
+        if listing.kueue_error is not None:
+            problem = RuntimeError(listing.kueue_error)
+            self._count_error(report, {"namespace": "*", "name": "workloads"}, problem)
+        # Jobs under Kueue: its quotas govern them, not max-running-jobs.
+        gated = {job.uid: view for job in jobs if (view := listing.kueue_view(job)) is not None}
+        free_jobs = [job for job in jobs if job.uid not in gated]
+        queue = plan_queue(free_jobs, pods_by_job, settings.max_running_jobs)
         # Transitions first, progress reads after: each progress read is a log
         # GET, and a job whose pod just ended must not wait behind dozens of
         # them. A job with nothing to read is decided here (pure and cheap);
@@ -179,16 +186,20 @@ class Reconciler:
                 if not self.may_act():
                     report.skipped = True
                     break
+                if job.queue_name and listing.kueue_error is not None:
+                    outcomes.append(job)  # never started without knowing its workload
+                    continue
                 pod, slot, now = pods_by_job.get(job.uid), queue.get(job.uid), self.clock()
+                kueue = gated.get(job.uid)
                 progress_due = budget > len(progress) and self._progress_due(job, pod, settings)
-                looked = self._first_look(job, pod, settings, slot, now, progress_due)
+                looked = self._first_look(job, pod, settings, slot, now, progress_due, kueue)
                 if isinstance(looked, Decision) and not looked.actions:
                     outcomes.append(job)
                 elif isinstance(looked, Needs) and _progress_only(looked):
                     progress.append((len(outcomes), now, looked))
                     outcomes.append(job)
                 else:
-                    work = (job, pod, settings, slot, now, looked, report)
+                    work = (job, pod, settings, slot, now, looked, report, kueue)
                     outcomes.append(pool.submit(self._handle_safely, *work))
         report.snapshot = [i if isinstance(i, JobView) else i.result() for i in outcomes]
         for index, now, needs in progress:
@@ -200,7 +211,7 @@ class Reconciler:
             job = report.snapshot[index]
             pod = pods_by_job.get(job.uid)
             report.snapshot[index] = self._handle_safely(
-                job, pod, settings, None, now, needs, report
+                job, pod, settings, None, now, needs, report, gated.get(job.uid)
             )
         self._forget_progress(pods_by_job)
         self._failures.forget_except({job.uid for job in jobs})
@@ -215,15 +226,16 @@ class Reconciler:
         slot: QueueSlot | None,
         now: dt.datetime,
         progress_due: bool,
+        kueue: KueueView | None = None,
     ) -> FirstLook:
         """What `job` needs read before deciding; when nothing, its decision."""
         try:
             needs = decisions.what_to_observe(
-                job, pod, settings, now, queue=slot, progress_due=progress_due
+                job, pod, settings, now, queue=slot, progress_due=progress_due, kueue=kueue
             )
             if needs.any:
                 return needs
-            return self._decide(Observed(job, pod, slot), settings, now)
+            return self._decide(Observed(job, pod, slot, kueue=kueue), settings, now)
         except Exception as error:  # recorded for this job by _handle_safely
             return error
 
@@ -239,6 +251,7 @@ class Reconciler:
             queue=observed.queue,
             exec_view=observed.exec_view,
             run_as_user=observed.run_as_user,
+            kueue=observed.kueue,
         )
 
     def _handle_safely(
@@ -250,6 +263,7 @@ class Reconciler:
         now: dt.datetime,
         looked: FirstLook,
         report: CycleReport,
+        kueue: KueueView | None = None,
     ) -> JobView:
         """`_handle`, with an error counted for this job; a job that keeps failing,
         or meets poison, ends Failed (`poller.poison`) instead of staying as it was."""
@@ -257,7 +271,7 @@ class Reconciler:
             report.skipped = True
             return job
         try:
-            current = self._handle(job, pod, settings, slot, now, looked, report)
+            current = self._handle(job, pod, settings, slot, now, looked, report, kueue)
         except Exception as error:  # one job never stops the others
             self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
             with report._lock:
@@ -282,6 +296,7 @@ class Reconciler:
         now: dt.datetime,
         looked: FirstLook,
         report: CycleReport,
+        kueue: KueueView | None = None,
     ) -> JobView:
         """Observe what `looked` names, decide once, act; returns the job as it now stands."""
         if isinstance(looked, Exception):
@@ -291,7 +306,7 @@ class Reconciler:
         else:
             if looked.log is not None and looked.log.purpose == "progress":
                 self._progress_read_at[job.uid] = time.monotonic()
-            observed = self.observer.gather(job, pod, settings, looked, slot)
+            observed = self.observer.gather(job, pod, settings, looked, slot, kueue)
             decision = self._decide(observed, settings, now)
         return self.actuator.carry_out(job, decision, settings, now, report)
 

@@ -55,6 +55,7 @@ class ObjectMeta(TypedDict, total=False):
     deletionTimestamp: Any
     ownerReferences: Any
     annotations: Any
+    labels: Any
 
 
 class JobObject(TypedDict, total=False):
@@ -87,6 +88,10 @@ class PodObject(TypedDict, total=False):
     metadata: ObjectMeta
     status: PodStatusObject
 
+
+# Kueue's labels a job may carry (the rest of Kueue is `poller.kueuegate`).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 # Where the poller's proof of origin sits on a pod, and how it is checked:
 # (annotation value, namespace, pod name, owner job UID, creationTimestamp)
@@ -131,6 +136,10 @@ class JobView:
     # Why the listed object could not be read as a job (then spec and status
     # hold only what could be salvaged, enough to end the job or expire it).
     problem: str | None = None
+    # Kueue's labels on the job (`poller.kueuegate`): its LocalQueue and its
+    # WorkloadPriorityClass; empty without them.
+    queue_name: str = ""
+    priority_class: str = ""
 
     # Lifecycle switches, read from the raw spec: validating every spec on
     # every cycle would cost more than listing it.
@@ -172,6 +181,8 @@ class JobView:
             spec=spec,
             status=api.LMEvalJobStatus.model_validate(status),
             scores=results.parse_scores(text) if isinstance(text, str) else (),
+            queue_name=_label(meta, KUEUE_QUEUE_LABEL),
+            priority_class=_label(meta, KUEUE_PRIORITY_LABEL),
         )
 
     @classmethod
@@ -201,6 +212,12 @@ class JobView:
             status=api.LMEvalJobStatus.model_validate(salvaged),
             problem=f"{type(error).__name__}: {str(error)[:500]}",
         )
+
+
+def _label(meta: dict[str, Any], key: str) -> str:
+    labels = meta.get("labels")
+    value = labels.get(key) if isinstance(labels, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 # What `JobView.unreadable` keeps of a status: enough to end or expire the job.

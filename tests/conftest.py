@@ -18,11 +18,12 @@ from kubernetes import client
 
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client
+from poller.sandbox.kueue import KueueServer
 from tests.waiting import wait_for
 
 # Poller fixtures (CRD and RBAC installed, the poller's ServiceAccount, jobs,
 # captured lm_eval runs) are shared by every test group that needs them.
-pytest_plugins = ["tests.poller_fixtures"]
+pytest_plugins = ["tests.poller_fixtures", "tests.kueue_fixtures"]
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +40,18 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     )
     yield plane
     plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kueue(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KueueServer]:
+    """A real Kueue (built from its Go module) on the control plane, started on first use."""
+    server = KueueServer(control_plane, tmp_path_factory.mktemp("kueue"))
+    server.start()
+    print(f"\nKueue ready in {server.startup_seconds:.1f} s")
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -5,13 +5,15 @@
 # Slow things are cached outside the clone, keyed by their inputs:
 #   ~/.cache/lmeval-poller/venv-<hash of pyproject.toml>   Python environment
 #   ~/.cache/lmeval-poller/bin-<hash of the Go modules>    control plane (+ kwok, kubectl)
+#   ~/.cache/lmeval-poller/kueue-<hash>                    Kueue (+ its CRDs and webhooks)
 #   ~/.cache/lmeval-poller/prometheus-<hash>               Prometheus and promtool
 #   ~/.cache/lmeval-poller/images-<hash>                   our images (OCI archives),
 #                                                          built when the real node needs them
 # As root it also installs the Debian packages of the real node (containerd,
 # runc, CNI plugins, registry, buildah...): deploy/sandbox/node-packages.sh.
 # LMEVAL_CACHE moves them; LMEVAL_SANDBOX_BIN points at ready control-plane
-# binaries; LMEVAL_PROMETHEUS_BIN at ready Prometheus binaries.
+# binaries; LMEVAL_PROMETHEUS_BIN at ready Prometheus binaries; LMEVAL_KUEUE_BIN
+# at a ready Kueue.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
@@ -84,6 +86,14 @@ else
 fi
 _setup_step "control-plane and node binaries" "$detail" python -m poller.sandbox build \
     || { return 1 2>/dev/null || exit 1; }
+
+if python -c 'import sys; from poller.sandbox import kueue; sys.exit(not kueue.needs_build())'; then
+    detail=built
+    echo "… Kueue: building from its Go module (about 7 minutes)"
+else
+    detail=cached
+fi
+_setup_step "Kueue" "$detail" python -m poller.sandbox.kueue || { return 1 2>/dev/null || exit 1; }
 
 if [ "$(id -u)" -eq 0 ]; then
     _setup_step "real node's Debian packages" "" bash deploy/sandbox/node-packages.sh \

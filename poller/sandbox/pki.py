@@ -23,7 +23,15 @@ from poller import timefmt
 
 _VALIDITY = dt.timedelta(days=30)
 
-__all__ = ["CertPair", "Pki", "issue_cert", "issue_client_cert", "make_pki", "serving_ca"]
+__all__ = [
+    "CertPair",
+    "Pki",
+    "issue_cert",
+    "issue_client_cert",
+    "make_pki",
+    "make_webhook_pki",
+    "serving_ca",
+]
 
 
 @dataclass(frozen=True)
@@ -116,12 +124,13 @@ class _Issuer:
 
 def _sign(
     issuer: x509.Certificate,
-    issuer_key: ec.EllipticCurvePrivateKey,
+    issuer_key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey,
     directory: Path,
     stem: str,
     subject: x509.Name,
     client: bool,
     server_names: tuple[str, ...],
+    validity: dt.timedelta = _VALIDITY,
 ) -> CertPair:
     """A new key and a leaf certificate for it, written as `stem`.crt/.key in `directory`."""
     key = ec.generate_private_key(ec.SECP256R1())
@@ -134,7 +143,7 @@ def _sign(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     )
@@ -258,3 +267,43 @@ def _alt_names(names: tuple[str, ...]) -> list[x509.GeneralName]:
         except ValueError:
             alt.append(x509.DNSName(entry))
     return alt
+
+
+def make_webhook_pki(
+    directory: Path,
+    ca_name: str,
+    server_names: tuple[str, ...],
+    validity: dt.timedelta = dt.timedelta(days=365),
+) -> tuple[CertPair, CertPair]:
+    """A CA of its own and a serving certificate it signs, for one webhook server.
+
+    Kueue's certificate rotator keeps a CA and a serving certificate only if
+    the CA's own certificate names `ca_name` (as a DNS name) and both stay
+    valid beyond its 90-day lookahead; otherwise it makes new ones that name
+    only its Service, which the apiserver could not reach on loopback. So this
+    CA is separate from the sandbox's (30 days), and `server_names` carry both
+    the Service name and 127.0.0.1. The CA's key is RSA (PKCS #1), the only
+    kind the rotator reads back. Returns (CA, server) as `.crt`/`.key` pairs.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = timefmt.now()
+    name = _name(ca_name)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ca_name)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    ca = CertPair(directory / "ca.crt", directory / "ca.key")
+    ca.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(ca.key, key)
+    subject = _name(server_names[0])
+    server = _sign(cert, key, directory, "tls", subject, False, server_names, validity)
+    return ca, server

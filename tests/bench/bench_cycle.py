@@ -82,7 +82,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO_ROOT))
 
 from driver import protocol  # noqa: E402
-from poller import api, podspec  # noqa: E402
+from poller import api, kueuegate, podspec  # noqa: E402
 from poller.kube import PAGE_SIZE, Kube  # noqa: E402
 from poller.observe import MANAGED_SELECTOR  # noqa: E402
 from poller.reconciler import Reconciler  # noqa: E402
@@ -91,6 +91,7 @@ from poller.sandbox.components import free_port  # noqa: E402
 from poller.sandbox.controlplane import ControlPlane  # noqa: E402
 from poller.sandbox.crd import CRD_PATH  # noqa: E402
 from poller.sandbox.identities import service_account_kubeconfig  # noqa: E402
+from poller.sandbox.kueue import KueueServer  # noqa: E402
 from poller.settings import CONFIGMAP_NAME, Settings  # noqa: E402
 from poller.transport import ApiTransport  # noqa: E402
 
@@ -100,6 +101,7 @@ POLLER_USER = f"system:serviceaccount:{POLLER_NS}:{POLLER_SA}"
 JOBS_API = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
 JOBS_LIST = f"{JOBS_API}/{api.PLURAL}"
 PODS_LIST = "/api/v1/pods"
+WORKLOADS_LIST = f"/apis/{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}/workloads"
 KWOK_API = "/apis/kwok.x-k8s.io/v1alpha1"
 NAMESPACES = 10  # jobs are spread over this many namespaces (teams)
 LATENCY_LABEL = "bench.lmeval.io/latency"
@@ -484,6 +486,11 @@ class Bench:
         self.rng = random.Random(args.seed)
         self.results: list[dict[str, Any]] = []
         self.settings: dict[str, str] = dict(BASE_SETTINGS)
+        # The LISTs a cycle makes, which the floor repeats (Kueue adds its workloads').
+        self.floor_lists: list[tuple[str, dict[str, str]]] = [
+            (JOBS_LIST, {}),
+            (PODS_LIST, {"labelSelector": MANAGED_SELECTOR}),
+        ]
 
     # -- setup --------------------------------------------------------------------
 
@@ -733,10 +740,7 @@ class Bench:
         started = time.perf_counter()
         fetching = 0.0
         pages = 0
-        for path, query in (
-            (JOBS_LIST, {}),
-            (PODS_LIST, {"labelSelector": MANAGED_SELECTOR}),
-        ):
+        for path, query in self.floor_lists:
             token: str | None = None
             while True:
                 begun = time.perf_counter()
@@ -1047,6 +1051,120 @@ class Bench:
         self.results.append(result)
         return result
 
+    def measure_kueue(self, target: int) -> dict[str, Any]:
+        """`target` jobs labelled for a Kueue LocalQueue whose ClusterQueue has no
+        quota: every one has a Workload and waits Suspended, in Kueue's words.
+        The idle cycle then lists the workloads too (and the floor with it)."""
+        log(f"== kueue: starting Kueue, then {target} queued jobs")
+        kueue = KueueServer(self.plane, self.workdir / "kueue").start()
+        log(f"  Kueue ready in {kueue.startup_seconds:.1f} s")
+        try:
+            population = Population("kueue", "benchk")
+            for namespace in population.namespaces():
+                self.make_namespace(namespace)
+            group = f"{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}"
+            queues: list[dict[str, Any]] = [
+                {"apiVersion": group, "kind": "ResourceFlavor", "metadata": {"name": "bench"}},
+                {
+                    "apiVersion": group,
+                    "kind": "ClusterQueue",
+                    "metadata": {"name": "bench"},
+                    "spec": {
+                        "namespaceSelector": {},
+                        "resourceGroups": [
+                            {
+                                "coveredResources": ["cpu", "memory"],
+                                "flavors": [
+                                    {
+                                        "name": "bench",
+                                        "resources": [
+                                            {"name": "cpu", "nominalQuota": 0},
+                                            {"name": "memory", "nominalQuota": 0},
+                                        ],
+                                    }
+                                ],
+                            }
+                        ],
+                    },
+                },
+            ]
+            queues += [
+                {
+                    "apiVersion": group,
+                    "kind": "LocalQueue",
+                    "metadata": {"name": "bench", "namespace": namespace},
+                    "spec": {"clusterQueue": "bench"},
+                }
+                for namespace in population.namespaces()
+            ]
+            self.plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(queues))
+            labels = {kueuegate.QUEUE_LABEL: "bench"}
+            started = time.monotonic()
+
+            def one(index: int) -> None:
+                namespace = f"{population.prefix}-{index % NAMESPACES:02d}"
+                self.create_job(namespace, f"eval-{index:05d}", index, "N", labels)
+
+            with concurrent.futures.ThreadPoolExecutor(self.args.workers) as pool:
+                list(pool.map(one, range(target)))
+            population.count = target
+            created = time.monotonic() - started
+            log(f"  created in {created:.1f} s; settling (a workload each)")
+            first = time.perf_counter()
+            self.poller.kube.transport.user_agent = "lmeval-poller/bench-kueue-submit"
+            submit = self.poller.run_cycle()
+            submit_seconds = time.perf_counter() - first
+            log(
+                f"  submitting cycle: {submit.patches} patches, {submit.errors} errors, "
+                f"{submit_seconds:.2f} s"
+            )
+            # Kueue tries its pending workloads one by one (about ten a second
+            # here): until it has tried each, their jobs' messages keep changing.
+            started = time.monotonic()
+            while True:
+                tried = sum(
+                    1
+                    for workload in self.admin.list_all(WORKLOADS_LIST)
+                    if any(
+                        c.get("type") == "QuotaReserved"
+                        for c in (workload.get("status") or {}).get("conditions") or []
+                    )
+                )
+                if tried >= target:
+                    break
+                if time.monotonic() - started > 900:
+                    raise AssertionError(f"Kueue tried only {tried}/{target} workloads")
+                time.sleep(2)
+            kueue_seconds = time.monotonic() - started
+            log(f"  Kueue tried every workload after {kueue_seconds:.0f} s more")
+            settle_cycles = self.settle()
+            waiting = sum(
+                1
+                for job in self.admin.list_all(JOBS_LIST)
+                if (job.get("status") or {}).get("state") == "Suspended"
+            )
+            self.floor_lists.append((WORKLOADS_LIST, {"labelSelector": MANAGED_SELECTOR}))
+            result: dict[str, Any] = {
+                "mix": "kueue",
+                "n": target,
+                "kinds": {"Suspended (waiting for Kueue)": waiting},
+                "populate_seconds": round(created, 1),
+                "kueue_startup_seconds": round(kueue.startup_seconds, 1),
+                "submit_cycle_seconds": round(submit_seconds, 2),
+                "kueue_first_pass_seconds": round(kueue_seconds, 1),
+                "settle_cycles": settle_cycles,
+            }
+            result.update(self.idle_cycles(self.args.cycles, "kueue"))
+            log(
+                f"  idle: cycle {result['cycle']['median']:.3f} s, floor "
+                f"{result['floor']['median']:.3f} s, ratio {result['ratio']:.2f}, requests "
+                f"{result['requests_per_cycle']}, writes {sum(result['writes_per_cycle'])}"
+            )
+            self.results.append(result)
+            return result
+        finally:
+            kueue.stop()
+
     def profile(self, tag: str) -> str:
         from pyinstrument import Profiler  # optional: pip install pyinstrument
 
@@ -1156,9 +1274,12 @@ def targets(results: list[dict[str, Any]], interval: float) -> list[str]:
                 missed.append(f"{where}: only {lat['finished']}/{lat['jobs']} jobs Finished")
             elif lat["latency"]["p99"] > interval + 2:
                 missed.append(f"{where}: latency p99 {lat['latency']['p99']:.2f} s")
-    # Independent of states: both mixes at one N need the same requests.
+    # Independent of states: both mixes at one N need the same requests (the
+    # Kueue mix adds its workloads' LIST by design).
     by_n: dict[int, set[tuple[int, ...]]] = {}
     for r in results:
+        if r["mix"] == "kueue":
+            continue
         by_n.setdefault(r["n"], set()).add(tuple(sorted(set(r["requests_per_cycle"]))))
     for n, variants in sorted(by_n.items()):
         if len(variants) > 1:
@@ -1179,6 +1300,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="N at which the 'busy' mix is also measured (0: never)",
     )
     parser.add_argument("--cycles", type=int, default=10, help="idle cycles measured per N")
+    parser.add_argument(
+        "--kueue",
+        type=int,
+        default=0,
+        help="also measure N jobs waiting in a real Kueue's queue (0: never; builds Kueue)",
+    )
     parser.add_argument("--latency-jobs", type=int, default=50, help="0 skips latency")
     parser.add_argument("--interval", type=float, default=5.0, help="poll interval (latency)")
     parser.add_argument(
@@ -1218,6 +1345,8 @@ def main(argv: list[str] | None = None) -> int:
         steady = Population("steady", "bench")
         for size in args.size_list:
             bench.measure(steady, size, full=True)
+        if args.kueue:
+            bench.measure_kueue(args.kueue)
     finally:
         bench.stop()
         if not args.keep:

@@ -40,6 +40,7 @@ from poller.reconciler import Reconciler
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from tests.deploy.conftest import DEPLOY, yaml_file
+from tests.kueue_fixtures import Queues
 from tests.poller_fixtures import (
     BASE_SETTINGS,
     POLLER_NS,
@@ -135,6 +136,7 @@ def _complete(poller: Reconciler, jobs: Jobs, name: str) -> dict:
 def test_every_rule_is_used_and_nothing_is_refused(
     poller: Reconciler,
     jobs: Jobs,
+    queues: Queues,
     poller_kube: Kube,
     admin_api: client.ApiClient,
     control_plane: ControlPlane,
@@ -224,6 +226,27 @@ def test_every_rule_is_used_and_nothing_is_refused(
     )
     failed = _complete(poller, jobs, "squatted")
     assert "is not this job's outputs claim" in failed["message"], failed["message"]
+
+    # 6. Kueue: a labelled job at a priority class, admitted to a flavor, runs
+    #    and finishes; another, suspended while it waits, gives its workload up.
+    priority = f"audit-{jobs.namespace}"[:63]
+    queues.create({"a100": 1}, priority_classes={priority: 10})
+    queues.job(jobs, "kueued", priority=priority)
+    pod = _pod_of(poller, jobs, "kueued")
+    serve_log(admin_api, jobs.namespace, pod, succeeded_run.log, tmp_path)
+    terminate(admin_api, jobs.namespace, pod, 0)
+    assert _complete(poller, jobs, "kueued")["reason"] == "Succeeded"
+    waiting = queues.job(jobs, "kueue-suspended", gpus=2)  # more than the quota
+    cycle_until(poller, lambda: queues.workload(waiting) is not None, what="its workload")
+    jobs.custom.patch_namespaced_custom_object(
+        api.API_GROUP,
+        api.API_VERSION,
+        jobs.namespace,
+        api.PLURAL,
+        "kueue-suspended",
+        {"spec": {"suspend": True}},
+    )
+    cycle_until(poller, lambda: queues.workload(waiting) is None, what="its workload deleted")
 
     granted = granted_rules()
     assert set(UNUSED_ON_PURPOSE) <= granted, "an allowed-unused rule is no longer granted"
