@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -112,19 +112,28 @@ def cache_root() -> Path:
     return Path(base) / "lmeval-poller"
 
 
-def _build_key() -> str:
+def module_build_key(modules: Sequence[Path], ldflags: Sequence[str]) -> str:
+    """The cache key of Go tools built from wrapper modules: their go.mod and
+    go.sum, the link flags (versions stamped in) and the Go toolchain's version.
+    One recipe for the control plane, Prometheus, Kueue and the S3 server."""
     digest = hashlib.sha256()
-    for module in (CONTROLPLANE_MODULE, KWOK_MODULE):
+    for module in modules:
         for name in ("go.mod", "go.sum"):
             digest.update(name.encode())
             digest.update((module / name).read_bytes())
-    digest.update(_controlplane_ldflags().encode())
-    digest.update(_kwok_ldflags().encode())
+    for flags in ldflags:
+        digest.update(flags.encode())
     go_version = subprocess.run(
         [_go(), "env", "GOVERSION"], check=True, capture_output=True, text=True
     ).stdout.strip()
     digest.update(go_version.encode())
     return digest.hexdigest()[:16]
+
+
+def _build_key() -> str:
+    return module_build_key(
+        (CONTROLPLANE_MODULE, KWOK_MODULE), (_controlplane_ldflags(), _kwok_ldflags())
+    )
 
 
 def binaries_dir() -> Path:

@@ -29,7 +29,6 @@ manifests. Kueue's CRDs and webhook configurations come from the module's own
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import shutil
@@ -90,16 +89,7 @@ def _ldflags() -> str:
 
 
 def _build_key() -> str:
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update(name.encode())
-        digest.update((KUEUE_MODULE / name).read_bytes())
-    digest.update(_ldflags().encode())
-    go_version = subprocess.run(
-        [build._go(), "env", "GOVERSION"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    digest.update(go_version.encode())
-    return digest.hexdigest()[:16]
+    return build.module_build_key((KUEUE_MODULE,), (_ldflags(),))
 
 
 def _complete(directory: Path) -> bool:

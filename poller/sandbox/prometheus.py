@@ -19,7 +19,6 @@ it (by its PID) at the end.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -80,16 +79,7 @@ def _ldflags() -> str:
 
 
 def _build_key() -> str:
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update(name.encode())
-        digest.update((PROMETHEUS_MODULE / name).read_bytes())
-    digest.update(_ldflags().encode())
-    go_version = subprocess.run(
-        [build._go(), "env", "GOVERSION"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    digest.update(go_version.encode())
-    return digest.hexdigest()[:16]
+    return build.module_build_key((PROMETHEUS_MODULE,), (_ldflags(),))
 
 
 def _complete(directory: Path) -> bool:

@@ -14,7 +14,6 @@ names a ready binary instead.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -38,16 +37,7 @@ _LDFLAGS = "-s -w"
 
 
 def _build_key() -> str:
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update(name.encode())
-        digest.update((S3_MODULE / name).read_bytes())
-    digest.update(_LDFLAGS.encode())
-    go_version = subprocess.run(
-        [build._go(), "env", "GOVERSION"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    digest.update(go_version.encode())
-    return digest.hexdigest()[:16]
+    return build.module_build_key((S3_MODULE,), (_LDFLAGS,))
 
 
 def ensure_versitygw() -> Path:
