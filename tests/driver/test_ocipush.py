@@ -4,7 +4,9 @@ A real ``docker-registry`` on loopback (``tests.ociregistry``), anonymous or
 with Basic auth from an htpasswd file; the driver runs as a process, as in
 the pod, with a fake lm_eval child that writes a results file. The artifact
 is read back with skopeo and its results blob compared byte for byte with
-the results the driver reported. A push that fails (wrong credentials, no
+the results the driver reported. Bearer tokens come from a token service of
+the test's (RS256 JWTs with their certificate in ``x5c``) that the real
+registry verifies against its ``rootcertbundle``. A push that fails (wrong credentials, no
 registry) never fails the run: the final marker says why.
 """
 
@@ -108,6 +110,24 @@ def test_basic_auth_from_a_docker_config(tmp_path: Path, env: dict[str, str]) ->
         assert code == EXIT_OK and final["event"] == "completed", final
         _check_artifact(registry, str(final["results_artifact"]), "job-1")
         assert "s3cret" not in json.dumps(final)
+
+
+def test_bearer_token_from_the_challenges_realm(tmp_path: Path, env: dict[str, str]) -> None:
+    users = {"pusher": "token-pass"}
+    with ociregistry.running(tmp_path / "registry", users, bearer=True) as registry:
+        assert registry.tokens is not None
+        ref = f"{registry.address}/team/evals:job-1"
+        good = registry.docker_config(tmp_path / "good.json")
+        code, final = _run(tmp_path / "none", env, f"--oci-push={ref}", "--oci-scheme=http")
+        assert code == EXIT_OK and "token from" in str(final["results_artifact_error"]), final
+        code, final = _run(
+            tmp_path / "good", env, f"--oci-push={ref}", "--oci-scheme=http", f"--oci-auth={good}"
+        )
+        assert code == EXIT_OK and final["event"] == "completed", final
+        _check_artifact(registry, str(final["results_artifact"]), "job-1")
+        # The driver asked for push and pull on its repository, for the registry's service.
+        wanted = {"scope": "repository:team/evals:pull,push", "service": "lmeval-test-registry"}
+        assert wanted in registry.tokens.requests, registry.tokens.requests
 
 
 def test_no_registry_and_no_plain_http_off_loopback(tmp_path: Path, env: dict[str, str]) -> None:
