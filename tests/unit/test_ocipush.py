@@ -220,3 +220,16 @@ def test_status_names_the_artifact_or_why_not() -> None:
         ).results_artifact
         is None
     )
+
+
+def test_lmeval_get_shows_the_artifact() -> None:
+    from poller.cli import render
+
+    job = {
+        "metadata": {"name": "j", "namespace": "ns", "creationTimestamp": "2026-12-01T00:00:00Z"},
+        "status": {"state": "Complete", "reason": "Succeeded", "resultsArtifact": f"r/e@{DIGEST}"},
+    }
+    pairs = render._status_pairs(job, NOW)
+    assert ("Results artifact", f"r/e@{DIGEST}") in pairs
+    job["status"] = {"state": "Complete", "resultsArtifactError": "HTTP 401"}
+    assert ("Results not pushed", "HTTP 401") in render._status_pairs(job, NOW)
