@@ -37,6 +37,10 @@ from driver.contract import (
     OPT_HOLD_SECONDS,
     OPT_HUB_DATASETS,
     OPT_LOG_COPY,
+    OPT_OCI_AUTH,
+    OPT_OCI_PUSH,
+    OPT_OCI_SCHEME,
+    OPT_OCI_SUBJECT,
     OPT_OUTPUT_ROOT,
     OPT_PROGRESS_INTERVAL,
     OPT_RUN_ID,
@@ -156,6 +160,26 @@ def _run_parser() -> argparse.ArgumentParser:
         "dataset ORG/NAME is a symlink to its snapshot, so that offline runs load Hub "
         "datasets from the cache",
     )
+    parser.add_argument(
+        OPT_OCI_PUSH,
+        metavar="REF",
+        help="after a completed run, push the results and the run's provenance as an OCI "
+        "artifact to REF (host[:port]/path:tag) and report its digest in the final marker",
+    )
+    parser.add_argument(
+        OPT_OCI_SUBJECT,
+        metavar="DIGEST",
+        help="attach the artifact to this manifest (sha256:...) of the same repository",
+    )
+    parser.add_argument(
+        OPT_OCI_AUTH, metavar="FILE", help="a .dockerconfigjson with the registry's credentials"
+    )
+    parser.add_argument(
+        OPT_OCI_SCHEME,
+        choices=("https", "http"),
+        default="https",
+        help="http only for a loopback registry (default: %(default)s)",
+    )
     return parser
 
 
@@ -225,6 +249,10 @@ def parse_run_options(args: Sequence[str]) -> RunOptions:
         run_id=parsed.run_id,
         task_sources=parsed.task_sources,
         hub_datasets=parsed.hub_datasets,
+        oci_push=parsed.oci_push,
+        oci_subject=parsed.oci_subject,
+        oci_auth=parsed.oci_auth,
+        oci_plain_http=parsed.oci_scheme == "http",
     )
 
 

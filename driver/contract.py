@@ -42,6 +42,10 @@ __all__ = [
     "OPT_HOLD_SECONDS",
     "OPT_HUB_DATASETS",
     "OPT_LOG_COPY",
+    "OPT_OCI_AUTH",
+    "OPT_OCI_PUSH",
+    "OPT_OCI_SCHEME",
+    "OPT_OCI_SUBJECT",
     "OPT_OUTPUT_ROOT",
     "OPT_PROGRESS_INTERVAL",
     "OPT_RUN_ID",
@@ -91,6 +95,14 @@ OPT_HOLD_SECONDS = "--hold-seconds"
 # driver reports each name and commit in its started and final markers.
 OPT_TASK_SOURCES = "--task-sources"
 OPT_HUB_DATASETS = "--hub-datasets"
+# spec.outputs.oci: push the results to host[:port]/path:tag after the run
+# (driver.ocipush), optionally attached to the manifest digest --oci-subject,
+# with the credentials of a .dockerconfigjson file; --oci-scheme=http only
+# for a loopback registry.
+OPT_OCI_PUSH = "--oci-push"
+OPT_OCI_SUBJECT = "--oci-subject"
+OPT_OCI_AUTH = "--oci-auth"
+OPT_OCI_SCHEME = "--oci-scheme"
 
 # Environment variables the driver reads: defaults of --output-root (the pod
 # sets it, so that ``release`` through exec finds the same root) and --run-id.
@@ -125,6 +137,10 @@ def run_argv(
     run_id: str | None = None,
     task_sources: str | None = None,
     hub_datasets: str | None = None,
+    oci_push: str | None = None,
+    oci_subject: str | None = None,
+    oci_auth: str | None = None,
+    oci_scheme: str | None = None,
 ) -> list[str]:
     """The argv of one run: `command` (see :func:`driver_command`), the options
     given (the driver's defaults for the others), ``--`` and the child's argv."""
@@ -137,6 +153,10 @@ def run_argv(
         (OPT_RUN_ID, run_id),
         (OPT_TASK_SOURCES, task_sources),
         (OPT_HUB_DATASETS, hub_datasets),
+        (OPT_OCI_PUSH, oci_push),
+        (OPT_OCI_SUBJECT, oci_subject),
+        (OPT_OCI_AUTH, oci_auth),
+        (OPT_OCI_SCHEME, oci_scheme),
     ]
     given = [_option(flag, value) for flag, value in options if value is not None]
     return [*command, *given, END_OF_OPTIONS, *child_argv]

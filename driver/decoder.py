@@ -72,6 +72,10 @@ class Outcome:
     results_path: str | None
     # Task sources cloned from Git: (name, commit), as the driver read them.
     task_sources: tuple[tuple[str, str], ...] = ()
+    # spec.outputs.oci: the artifact pushed (<registry>/<repository>@sha256:...),
+    # or why the push failed.
+    results_artifact: str | None = None
+    results_artifact_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -329,6 +333,8 @@ class LogDecoder:
             task_sources=tuple(
                 (source["name"], source["commit"]) for source in final.get("task_sources", [])
             ),
+            results_artifact=final.get("results_artifact"),
+            results_artifact_error=final.get("results_artifact_error"),
         )
 
     def _results(self) -> tuple[dict[str, Any] | None, str | None]:

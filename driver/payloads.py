@@ -96,6 +96,9 @@ class FinalDetails(TypedDict, total=False):
     results_chunks: int
     results_note: str  # why results_chunks is 0
     task_sources: list[TaskSourceFields]  # with --task-sources, whatever the outcome
+    # completed with --oci-push: the artifact pushed, or why the push failed
+    results_artifact: str  # <registry>/<repository>@sha256:<hex>
+    results_artifact_error: str
 
 
 class FinalFields(FinalDetails):

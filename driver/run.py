@@ -79,6 +79,10 @@ class RunOptions:
         run_id: str | None = None,
         task_sources: str | None = None,
         hub_datasets: str | None = None,
+        oci_push: str | None = None,
+        oci_subject: str | None = None,
+        oci_auth: str | None = None,
+        oci_plain_http: bool = False,
     ) -> None:
         self.child_argv = list(child_argv)
         self.output_root = output_root
@@ -89,6 +93,10 @@ class RunOptions:
         self.run_id = run_id
         self.task_sources = task_sources
         self.hub_datasets = hub_datasets
+        self.oci_push = oci_push
+        self.oci_subject = oci_subject
+        self.oci_auth = oci_auth
+        self.oci_plain_http = oci_plain_http
 
 
 class _Cancel:
@@ -186,6 +194,7 @@ class Run:
         self.opts = opts
         self.started_wall = time.time()
         self.started_mono = time.monotonic()
+        self.started_fields: StartedFields | None = None  # the provenance of an OCI push
         self.cancel = _Cancel(max(0.0, opts.grace_period))
         self.run_id = opts.run_id or new_run_id()
         # Absolute: the path travels in markers to readers with another cwd.
@@ -365,6 +374,7 @@ class Run:
         if self.task_sources is not None:
             started["task_sources"] = self.task_sources
         self.sink.marker(encode_started(started))
+        self.started_fields = started
 
         def on_progress(p: Progress) -> None:
             self.sink.marker(encode_progress(p.marker_fields(self.run_id, _ts())))
@@ -485,7 +495,44 @@ class Run:
             details["results_chunks"] = len(chunks)
             for line in chunks:
                 self.sink.marker(line)
+        if self.opts.oci_push is not None:
+            details.update(self._push(raw, details))
         return self._final(EVENT_COMPLETED, EXIT_OK, "lm_eval completed", None, **details)
+
+    def _push(self, raw: bytes, details: FinalDetails) -> FinalDetails:
+        """Push the results to the OCI registry (spec.outputs.oci); never raises."""
+        import json
+
+        from driver import ocipush
+
+        assert self.opts.oci_push is not None
+        kept = ("run_id", "driver_version", "lm_eval_version", "argv", "python", "task_sources")
+        started = dict(self.started_fields or {})
+        provenance: dict[str, object] = {key: started[key] for key in kept if key in started}
+        provenance.update(
+            run_id=self.run_id,
+            started=round(self.started_wall, 3),
+            finished=round(_ts(), 3),
+            results_sha256=details.get("results_sha256"),
+            results_size=len(raw),
+        )
+        try:
+            artifact = ocipush.push_results(
+                self.opts.oci_push,
+                raw,
+                json.dumps(provenance, sort_keys=True).encode(),
+                subject=self.opts.oci_subject,
+                docker_config=self.opts.oci_auth,
+                plain_http=self.opts.oci_plain_http,
+            )
+        except Exception as exc:  # the evaluation is not lost to a failed push
+            message = (
+                str(exc) if isinstance(exc, ocipush.OciError) else f"{type(exc).__name__}: {exc}"
+            )
+            self.sink.note(f"pushing the results to {self.opts.oci_push} failed: {message}")
+            return {"results_artifact_error": message[:1000]}
+        self.sink.note(f"results pushed to {artifact}")
+        return {"results_artifact": artifact}
 
     def _hold(self) -> None:
         """Exec mode: stay alive until released, timed out, or signalled."""

@@ -109,6 +109,7 @@ from poller.apisources import (
     FileConfigMap,
     GitSource,
     ModelTLS,
+    OciOutput,
     Offline,
     OfflineS3,
     OfflineStorage,
@@ -182,6 +183,7 @@ __all__ = [
     "NodeSelector",
     "NodeSelectorRequirement",
     "NodeSelectorTerm",
+    "OciOutput",
     "Offline",
     "OfflineS3",
     "OfflineStorage",
@@ -414,6 +416,8 @@ class ConditionType(StrEnum):
     FINISHED = "Finished"
     SUCCEEDED = "Succeeded"
     SUSPENDED = "Suspended"
+    # spec.outputs.oci: whether the results reached the registry.
+    RESULTS_PUSHED = "ResultsPushed"
 
 
 class Condition(_Model):
@@ -492,6 +496,16 @@ class LMEvalJobStatus(_Model):
         default=None,
         description="The Git task sources the evaluation used, each with the commit checked "
         "out (as the driver read it in the pod).",
+    )
+    results_artifact: str | None = Field(
+        default=None,
+        description="The OCI artifact the results were pushed to (spec.outputs.oci), as "
+        "<registry>/<repository>@sha256:<digest>, as the driver in the pod reported it.",
+    )
+    results_artifact_error: str | None = Field(
+        default=None,
+        description="Why pushing the results to spec.outputs.oci failed (the job still "
+        "succeeds with its results; condition ResultsPushed is False).",
     )
     conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
     observed_generation: int | None = Field(

@@ -37,6 +37,7 @@ __all__ = [
     "FileConfigMap",
     "GitSource",
     "ModelTLS",
+    "OciOutput",
     "Offline",
     "OfflineS3",
     "OfflineStorage",
@@ -109,6 +110,69 @@ class PvcManaged(_Model):
     )
 
 
+# host[:port]/path: a registry and a repository, no scheme; the path is the
+# distribution spec's repository grammar (lower case), the host starts with
+# a letter or digit (never '-': the reference reaches a command line).
+OCI_REPOSITORY = (
+    r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?"
+    r"/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$"
+)
+OCI_TAG = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
+OCI_DIGEST = r"^sha256:[a-f0-9]{64}$"
+# Registries plain HTTP may reach: loopback only.
+OCI_LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def _oci_plain_http_problem(oci: OciOutput) -> str | None:
+    host = oci.repository.split("/", 1)[0].rsplit(":", 1)[0]
+    if oci.plain_http and host not in OCI_LOOPBACK:
+        return "plainHTTP is allowed only for a loopback registry (127.0.0.1 or localhost)"
+    return None
+
+
+class OciOutput(_Model):
+    """An OCI registry that receives the results as an artifact (TrustyAI LMES's outputs.oci)."""
+
+    repository: Annotated[str, Field(pattern=OCI_REPOSITORY, max_length=512)] = Field(
+        description="Registry and repository, host[:port]/path without a scheme, e.g. "
+        "registry.example.com/team/evals."
+    )
+    tag: Annotated[str, Field(pattern=OCI_TAG, max_length=128)] | None = Field(
+        default=None,
+        description="Tag of the artifact (default: <job name>-<8 hex digits of the job's UID>).",
+    )
+    subject: Annotated[str, Field(pattern=OCI_DIGEST, max_length=71)] | None = Field(
+        default=None,
+        description="Digest (sha256:...) of a manifest in the same repository, e.g. the "
+        "evaluated model's: the artifact names it as its OCI 1.1 subject, so that the "
+        "registry's referrers of the model list the results.",
+    )
+    credentials_secret: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="A Secret of type kubernetes.io/dockerconfigjson whose "
+        ".dockerconfigjson holds the registry's credentials (Basic, or the credentials "
+        "a Bearer token service asks); mounted read-only into the job pod. Anonymous "
+        "when omitted.",
+    )
+    plain_http: bool | None = Field(
+        default=None,
+        alias="plainHTTP",
+        description="Talk plain HTTP instead of HTTPS: only for a loopback registry "
+        "(127.0.0.1 or localhost).",
+    )
+
+
+OciOutputSpec = Annotated[
+    OciOutput,
+    rules.Cel(
+        rule="!has(self.plainHTTP) || !self.plainHTTP || "
+        "self.repository.matches('^(127\\\\.0\\\\.0\\\\.1|localhost)(:[0-9]+)?/')",
+        message="plainHTTP is allowed only for a loopback registry (127.0.0.1 or localhost)",
+        problem=_oci_plain_http_problem,
+    ),
+]
+
+
 class Outputs(_Model):
     pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None, description="PersistentVolumeClaim that receives the full outputs."
@@ -118,6 +182,13 @@ class Outputs(_Model):
         description="A ReadWriteOnce claim that the poller creates for the outputs, named "
         "<job>-outputs-<hash>, before the pod; the requester must be allowed to create "
         "PersistentVolumeClaims in the namespace. Not with pvcName.",
+    )
+    oci: OciOutputSpec | None = Field(
+        default=None,
+        description="Also push the full results and the run's provenance to an OCI "
+        "registry, as an artifact (artifactType application/vnd.lmeval.results.v1+json), "
+        "from the job pod after the evaluation; status.resultsArtifact names its digest. A "
+        "failed push does not fail the job: status says why (resultsArtifactError).",
     )
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 from driver import protocol
+from driver.decoder import Outcome
 from poller import api, podgit, podspec, results
 from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
 from poller.draft import StatusDraft
@@ -77,6 +79,9 @@ RESULTS_TAIL_LINES = (
 # Task names the status message of a finished job lists (a results JSON may
 # name thousands: the message is in every LIST of jobs).
 TASKS_IN_MESSAGE = 20
+# status.resultsArtifact(Error): text from the pod's log, bounded.
+MAX_ARTIFACT_CHARS = 1024
+_ARTIFACT = re.compile(r"^sha256:[a-f0-9]{64}$")
 
 C = api.ConditionType
 S = api.JobState
@@ -169,6 +174,7 @@ def complete(
     if decoded.last_progress:
         draft.progress(decoded.last_progress)
     record_task_sources(job, log, draft)
+    record_results_artifact(job, outcome, draft)
     return Decision(draft.actions(before=actions))
 
 
@@ -183,6 +189,36 @@ def record_task_sources(job: JobView, log: LogView, draft: StatusDraft) -> None:
     entries = podgit.status_entries(job.spec, reported)
     if entries:
         draft.fields["task_sources"] = entries
+
+
+def record_results_artifact(job: JobView, outcome: Outcome | None, draft: StatusDraft) -> None:
+    """status.resultsArtifact (or resultsArtifactError) and condition ResultsPushed.
+
+    Only for a job that asked (spec.outputs.oci) and a run that completed; a
+    failed push does not fail the job, whose results are in status anyway.
+    """
+    outputs = job.spec.get("outputs")
+    oci = outputs.get("oci") if isinstance(outputs, dict) else None
+    if not isinstance(oci, dict) or outcome is None or outcome.event != protocol.EVENT_COMPLETED:
+        return
+    artifact, error = outcome.results_artifact, outcome.results_artifact_error
+    # The log is the pod's word: keep only a digest of the job's own repository.
+    if artifact is not None and not _ARTIFACT.match(
+        artifact.removeprefix(f"{oci.get('repository')}@")
+    ):
+        artifact, error = (
+            None,
+            "the driver reported an artifact outside spec.outputs.oci.repository",
+        )
+    if artifact is not None:
+        draft.fields["results_artifact"] = artifact
+        draft.fields.pop("results_artifact_error", None)
+        draft.condition(C.RESULTS_PUSHED, True, "Pushed", artifact)
+        return
+    error = (error or "the driver did not report the push")[:MAX_ARTIFACT_CHARS]
+    draft.fields["results_artifact_error"] = error
+    draft.fields.pop("results_artifact", None)
+    draft.condition(C.RESULTS_PUSHED, False, "PushFailed", error)
 
 
 def _results_window(log: LogView) -> int | None:

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from driver import protocol
-from poller import api, podgit, podstorage, podtls
+from poller import api, podgit, podoci, podstorage, podtls
 from poller.settings import Settings
 from poller.specrules import OFFLINE_ENV, env_name_problem
 
@@ -322,6 +322,7 @@ def build_pod(
         podtls.tls_volumes(spec),
         podstorage.storage_volumes(spec),
         podstorage.config_map_volumes(spec),
+        podoci.oci_volumes(spec),
     ):
         volumes, mounts = volumes + extra_volumes, mounts + extra_mounts
     init_containers: list[dict[str, Any]] = []
@@ -465,6 +466,7 @@ def _main_container(
     """The evaluation container: the driver running lm_eval."""
     # The complete output outlives the pod on the claim, beside the results.
     keeps_log = podstorage.outputs_claim(spec, name, uid) is not None
+    oci = podoci.driver_options(spec, name, uid)
     command = protocol.run_argv(
         driver_command(settings),
         ["python", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
@@ -474,6 +476,10 @@ def _main_container(
         log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
         task_sources=podgit.CLONE_ROOT if podgit.git_sources(spec) else None,
         hub_datasets=podstorage.hub_datasets(spec),
+        oci_push=oci.push,
+        oci_subject=oci.subject,
+        oci_auth=oci.auth,
+        oci_scheme=oci.scheme,
     )
     main: dict[str, Any] = {
         "name": MAIN_CONTAINER,

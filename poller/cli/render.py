@@ -238,6 +238,8 @@ def _status_pairs(job: dict[str, Any], now: dt.datetime) -> list[tuple[str, str]
         ("Started", "startTime"),
         ("Completed", "completeTime"),
         ("Results ConfigMap", "resultsConfigMap"),
+        ("Results artifact", "resultsArtifact"),
+        ("Results not pushed", "resultsArtifactError"),
     ):
         if the_status.get(key):
             pairs.append((label, str(the_status[key])))
