@@ -58,7 +58,9 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
         "HOSTNAME": pod.name,
         "LANG": os.environ.get("LANG", "C.UTF-8"),
         "TMPDIR": str(pod.root / "tmp"),
-        "PYTHONPATH": DRIVER_SOURCE,
+        # The "image" is this process's Python: this checkout's driver first,
+        # then whatever the test process has on its path (e.g. an opt-in torch).
+        "PYTHONPATH": os.pathsep.join(filter(None, [DRIVER_SOURCE, os.environ.get("PYTHONPATH")])),
     }
     if os.environ.get("PYTHONPATH"):
         # The image's code is this process's code: a source tree on
