@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -184,35 +184,65 @@ def _run_go(args: list[str], cwd: Path, log: Path) -> None:
         )
 
 
-def _kwok_module_dir(log: Path) -> Path:
-    version = _required_version(KWOK_MODULE, "sigs.k8s.io/kwok")
+def go_module_dir(
+    module: str, version: str, cwd: Path, log: Path, error: type[Exception] = RuntimeError
+) -> Path:
+    """Where Go's module cache holds `module`@`version` (downloaded when missing):
+    the CRDs and manifests a tool ships beside its code are read from there."""
     out = subprocess.run(
-        [_go(), "mod", "download", "-json", f"sigs.k8s.io/kwok@{version}"],
-        cwd=KWOK_MODULE,
+        [_go(), "mod", "download", "-json", f"{module}@{version}"],
+        cwd=cwd,
         capture_output=True,
         text=True,
     )
     if out.returncode != 0:
-        log.open("a").write(out.stdout + out.stderr)
-        raise RuntimeError(f"cannot download sigs.k8s.io/kwok@{version}: {out.stderr.strip()}")
+        with log.open("a") as handle:
+            handle.write(out.stdout + out.stderr)
+        raise error(f"cannot download {module}@{version}: {out.stderr.strip()}")
     return Path(json.loads(out.stdout)["Dir"])
 
 
-def _copy_kwok_crds(target: Path, log: Path) -> None:
-    source = _kwok_module_dir(log) / "kustomize" / "crd" / "bases"
-    (target / "crds").mkdir(exist_ok=True)
-    for name in KWOK_CRD_FILES:
-        shutil.copyfile(source / name, target / "crds" / name)
-
-
-def _build(target: Path) -> float:
+def staged_build(
+    target: Path,
+    what: str,
+    steps: Callable[[Path, Path], None],
+    missing: Callable[[Path], str],
+    info: dict[str, str],
+    error: type[Exception] = RuntimeError,
+) -> float:
+    """Build `what` into a staging directory beside `target`, then rename it into
+    place, so that a directory named by its key is always complete. `steps`
+    builds into (staging, log); `missing` names what the result lacks (empty:
+    nothing). Writes BUILD_INFO.json (`info` and the seconds); returns them."""
     started = time.monotonic()
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     log = target.with_name(target.name + ".build.log")
     log.write_text("")
-    print(f"building control-plane binaries into {target} (log: {log})", file=sys.stderr)
+    print(f"building {what} into {target} (log: {log})", file=sys.stderr)
+    steps(staging, log)
+    lacking = missing(staging)
+    if lacking:
+        raise error(f"build finished without {lacking}; see {log}")
+    elapsed = time.monotonic() - started
+    (staging / "BUILD_INFO.json").write_text(
+        json.dumps({**info, "build_seconds": round(elapsed, 1)})
+    )
+    staging.rename(target)
+    return elapsed
+
+
+def _copy_kwok_crds(target: Path, log: Path) -> None:
+    version = _required_version(KWOK_MODULE, "sigs.k8s.io/kwok")
+    source = go_module_dir("sigs.k8s.io/kwok", version, KWOK_MODULE, log) / "kustomize" / "crd"
+    source = source / "bases"
+    (target / "crds").mkdir(exist_ok=True)
+    for name in KWOK_CRD_FILES:
+        shutil.copyfile(source / name, target / "crds" / name)
+
+
+def _build_steps(staging: Path, log: Path) -> None:
     _run_go(
         ["build", "-ldflags", _controlplane_ldflags(), "-o", f"{staging}/", "tool"],
         CONTROLPLANE_MODULE,
@@ -222,15 +252,16 @@ def _build(target: Path) -> float:
     (staging / "server").rename(staging / "etcd")
     _run_go(["build", "-ldflags", _kwok_ldflags(), "-o", f"{staging}/", "tool"], KWOK_MODULE, log)
     _copy_kwok_crds(staging, log)
-    missing = [name for name in BINARIES if not (staging / name).is_file()]
-    if missing:
-        raise RuntimeError(f"build finished without {', '.join(missing)}; see {log}")
-    elapsed = time.monotonic() - started
-    (staging / "BUILD_INFO.json").write_text(
-        json.dumps({"kubernetes": kubernetes_version(), "build_seconds": round(elapsed, 1)})
+
+
+def _build(target: Path) -> float:
+    return staged_build(
+        target,
+        "control-plane binaries",
+        _build_steps,
+        lambda staging: ", ".join(n for n in BINARIES if not (staging / n).is_file()),
+        {"kubernetes": kubernetes_version()},
     )
-    staging.rename(target)
-    return elapsed
 
 
 def needs_build() -> bool:

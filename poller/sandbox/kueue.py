@@ -29,10 +29,8 @@ manifests. Kueue's CRDs and webhook configurations come from the module's own
 from __future__ import annotations
 
 import base64
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,42 +94,25 @@ def _complete(directory: Path) -> bool:
     return (directory / "kueue").is_file() and (directory / "webhook.yaml").is_file()
 
 
-def _module_dir(log: Path) -> Path:
-    out = subprocess.run(
-        [build._go(), "mod", "download", "-json", f"{_UPSTREAM}@{kueue_version()}"],
-        cwd=KUEUE_MODULE,
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode != 0:
-        with log.open("a") as handle:
-            handle.write(out.stdout + out.stderr)
-        raise KueueError(f"cannot download {_UPSTREAM}@{kueue_version()}: {out.stderr.strip()}")
-    return Path(json.loads(out.stdout)["Dir"])
-
-
-def _build(target: Path) -> float:
-    started = time.monotonic()
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    log = target.with_name(target.name + ".build.log")
-    log.write_text("")
-    print(f"building Kueue into {target} (log: {log})", file=sys.stderr)
+def _build_steps(staging: Path, log: Path) -> None:
     build._run_go(["build", "-ldflags", _ldflags(), "-o", f"{staging}/", "tool"], KUEUE_MODULE, log)
-    components = _module_dir(log) / "config" / "components"
+    module = build.go_module_dir(_UPSTREAM, kueue_version(), KUEUE_MODULE, log, KueueError)
+    components = module / "config" / "components"
     shutil.copytree(components / "crd" / "bases", staging / "crds")
     shutil.copyfile(components / "webhook" / "manifests.yaml", staging / "webhook.yaml")
     for path in [staging, *staging.rglob("*")]:
         path.chmod(0o755 if path.is_dir() or path.name == "kueue" else 0o644)
-    if not _complete(staging):
-        raise KueueError(f"build finished without kueue; see {log}")
-    elapsed = time.monotonic() - started
-    (staging / "BUILD_INFO.json").write_text(
-        json.dumps({"kueue": kueue_version(), "build_seconds": round(elapsed, 1)})
+
+
+def _build(target: Path) -> float:
+    return build.staged_build(
+        target,
+        "Kueue",
+        _build_steps,
+        lambda staging: "" if _complete(staging) else "kueue",
+        {"kueue": kueue_version()},
+        KueueError,
     )
-    staging.rename(target)
-    return elapsed
 
 
 def needs_build() -> bool:

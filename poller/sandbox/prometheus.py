@@ -87,24 +87,16 @@ def _complete(directory: Path) -> bool:
 
 
 def _build(target: Path) -> float:
-    started = time.monotonic()
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    log = target.with_name(target.name + ".build.log")
-    log.write_text("")
-    print(f"building Prometheus into {target} (log: {log})", file=sys.stderr)
-    build._run_go(
-        ["build", "-ldflags", _ldflags(), "-o", f"{staging}/", "tool"], PROMETHEUS_MODULE, log
+    return build.staged_build(
+        target,
+        "Prometheus",
+        lambda staging, log: build._run_go(
+            ["build", "-ldflags", _ldflags(), "-o", f"{staging}/", "tool"], PROMETHEUS_MODULE, log
+        ),
+        lambda staging: "" if _complete(staging) else ", ".join(BINARIES),
+        {"prometheus": prometheus_version()},
+        PrometheusError,
     )
-    if not _complete(staging):
-        raise PrometheusError(f"build finished without {', '.join(BINARIES)}; see {log}")
-    elapsed = time.monotonic() - started
-    (staging / "BUILD_INFO.json").write_text(
-        json.dumps({"prometheus": prometheus_version(), "build_seconds": round(elapsed, 1)})
-    )
-    staging.rename(target)
-    return elapsed
 
 
 def ensure_prometheus() -> Path:

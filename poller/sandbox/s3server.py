@@ -14,10 +14,8 @@ names a ready binary instead.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -54,19 +52,15 @@ def ensure_versitygw() -> Path:
     with build._locked(build.cache_root() / "versitygw-build.lock"):
         if binary.is_file():
             return binary
-        started = time.monotonic()
-        staging = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        log = target.with_name(target.name + ".build.log")
-        log.write_text("")
-        print(f"building versitygw into {target} (log: {log})", file=sys.stderr)
-        build._run_go(["build", "-ldflags", _LDFLAGS, "-o", f"{staging}/", "tool"], S3_MODULE, log)
-        if not (staging / BINARY).is_file():
-            raise RuntimeError(f"the build finished without {BINARY}; see {log}")
-        elapsed = time.monotonic() - started
-        (staging / "BUILD_INFO.json").write_text(json.dumps({"build_seconds": round(elapsed, 1)}))
-        staging.rename(target)
+        elapsed = build.staged_build(
+            target,
+            "versitygw",
+            lambda staging, log: build._run_go(
+                ["build", "-ldflags", _LDFLAGS, "-o", f"{staging}/", "tool"], S3_MODULE, log
+            ),
+            lambda staging: "" if (staging / BINARY).is_file() else BINARY,
+            {},
+        )
         print(f"versitygw built in {elapsed:.0f} s (cold)", file=sys.stderr)
     return binary
 
