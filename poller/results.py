@@ -28,8 +28,10 @@ from poller import api
 
 __all__ = [
     "CONFIGMAP_DATA_MAX",
+    "ITEMS_KEY",
     "LOG_ARCHIVE_KEY",
     "MAX_SCORES_PER_JOB",
+    "PROVENANCE_KEY",
     "RESULTS_KEY",
     "STATUS_RESULTS_BUDGET",
     "Score",
@@ -56,6 +58,10 @@ CONFIGMAP_TEXT_LIMIT = 900 * 1024
 # reduced, as in status: a refused write would be retried every cycle.
 CONFIGMAP_DATA_MAX = 1024 * 1024
 RESULTS_KEY = "results.json"
+# Beside the results: the per-item scores the driver sent (driver.itemscores'
+# JSON, gzip'd) and the run's provenance (JSON text).
+ITEMS_KEY = "items.json.gz"
+PROVENANCE_KEY = "provenance.json"
 LOG_ARCHIVE_KEY = "log-tail.txt"
 # Dropped in this order until the JSON fits: echoed configs first, then
 # provenance, never the scores themselves ("results", "groups").
