@@ -76,6 +76,15 @@ class Outcome:
     # or why the push failed.
     results_artifact: str | None = None
     results_artifact_error: str | None = None
+    # Per-item scores (driver.itemscores): why they are not in the log, and
+    # the file that holds them in the pod (the outputs claim when mounted).
+    items_note: str | None = None
+    items_path: str | None = None
+    # Provenance the final marker repeats (see payloads.FinalDetails).
+    driver_version: str | None = None
+    lm_eval_version: str | None = None
+    argv: tuple[str, ...] = ()
+    server_models: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,10 @@ class DecodedLog:
     last_progress: dict[str, Any] | None
     started: dict[str, Any] | None
     dropped_events: int = 0
+    # The `items` markers' payload (driver.itemscores JSON bytes, checksum
+    # verified, not yet decoded), or why there is none.
+    items: bytes | None = None
+    items_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The shape printed by ``lmeval-driver decode``."""
@@ -335,6 +348,12 @@ class LogDecoder:
             ),
             results_artifact=final.get("results_artifact"),
             results_artifact_error=final.get("results_artifact_error"),
+            items_note=final.get("items_note"),
+            items_path=final.get("items_path"),
+            driver_version=final.get("driver_version"),
+            lm_eval_version=final.get("lm_eval_version"),
+            argv=tuple(final.get("argv", [])),
+            server_models=final.get("server_models"),
         )
 
     def _results(self) -> tuple[dict[str, Any] | None, str | None]:

@@ -99,6 +99,19 @@ class FinalDetails(TypedDict, total=False):
     # completed with --oci-push: the artifact pushed, or why the push failed
     results_artifact: str  # <registry>/<repository>@sha256:<hex>
     results_artifact_error: str
+    # completed with per-item scores (lm_eval's samples): the `items` markers
+    # sent after the results (0 when they are not in the log), the file, why not
+    items_chunks: int
+    items_sha256: str  # of the uncompressed driver.itemscores JSON
+    items_size: int
+    items_path: str
+    items_note: str
+    # provenance, whatever the outcome: the started marker may be out of a
+    # finished log's window, so the final marker repeats what identifies the run
+    driver_version: str
+    lm_eval_version: str | None
+    argv: list[str]  # lm_eval's command line, secrets redacted
+    server_models: str  # API models: what the server's /models lists, comma-separated
 
 
 class FinalFields(FinalDetails):
