@@ -129,6 +129,7 @@ __all__ = [
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
     "ENV_NAME",
+    "GATE_METRIC",
     "GIT_COMMIT",
     "GIT_REF",
     "GIT_URL",
@@ -166,6 +167,7 @@ __all__ = [
     "EvaluationEnvVar",
     "FileConfigMap",
     "FileSecret",
+    "GateStatus",
     "GitSource",
     "JobReason",
     "JobState",
@@ -195,6 +197,7 @@ __all__ = [
     "Progress",
     "PvcManaged",
     "Quantity",
+    "RegressionGate",
     "ResourceName",
     "ResourceRequirements",
     "SecretKeyRef",
@@ -221,15 +224,60 @@ _FEWSHOT_RULE: dict[str, JsonValue] = {
 }
 
 
+# A score's key in lm_eval's results: "<metric>,<filter>" (acc,none; exact_match,strict-match).
+GATE_METRIC = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*,[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+DEFAULT_GATE_METRIC = "acc,none"
+
+
+class RegressionGate(_Model):
+    """spec.gate: which score of which task may not drop against spec.baseline, and how
+    sure the poller must be that it did (a paired test over the same documents)."""
+
+    task: Annotated[str, Field(pattern=TASK_NAME, max_length=256)] = Field(
+        description="The task compared (one of spec.tasks, or a task of a group in it)."
+    )
+    metric: Annotated[str, Field(pattern=GATE_METRIC, max_length=128)] = Field(
+        default=DEFAULT_GATE_METRIC,
+        description="The score compared, as lm_eval's results key <metric>,<filter> "
+        f"(default {DEFAULT_GATE_METRIC}; e.g. exact_match,strict-match).",
+    )
+    max_drop: Annotated[float, Field(ge=0, le=1e9)] = Field(
+        default=0.0,
+        description="The largest acceptable drop, in the metric's units (0.02 is two points "
+        "of accuracy); default 0.",
+    )
+    alpha: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.05,
+        description="Significance level: a drop counts only when the paired test's p-value "
+        "is below it; default 0.05.",
+    )
+    higher_is_better: bool = Field(
+        default=True,
+        description="Whether a higher value of the metric is better (true for accuracy and "
+        "exact match; false for e.g. word_perplexity); default true.",
+    )
+
+
+_GATE_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.gate) || has(self.baseline)",
+        "message": "spec.gate needs spec.baseline (the LMEvalJob to compare with)",
+        "fieldPath": ".gate",
+    },
+]
+
+
 class LMEvalJobSpec(_Model):
     """What to evaluate and how the job pod may look."""
 
-    model_config = ConfigDict(json_schema_extra={rules.VALIDATIONS: [_FEWSHOT_RULE]})
+    model_config = ConfigDict(json_schema_extra={rules.VALIDATIONS: [_FEWSHOT_RULE, *_GATE_RULES]})
 
     @model_validator(mode="after")
     def _chat_options_agree(self) -> LMEvalJobSpec:
         if (problem := _fewshot_needs_chat(self)) is not None:
             raise ValueError(problem)
+        if self.gate is not None and self.baseline is None:
+            raise ValueError("spec.gate needs spec.baseline (the LMEvalJob to compare with)")
         return self
 
     model: Annotated[str, Field(pattern=ARGV_WORD, max_length=128)] = Field(
@@ -391,6 +439,17 @@ class LMEvalJobSpec(_Model):
         description="ConfigMaps mounted read-only as files (as fileSecrets for Secrets); the "
         "requester must be allowed to get each.",
     )
+    baseline: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="Another LMEvalJob in this namespace to compare this one with "
+        "(spec.gate); never this job itself.",
+    )
+    gate: RegressionGate | None = Field(
+        default=None,
+        description="The regression gate against spec.baseline: once both jobs succeeded, "
+        "condition Regressed says whether the score dropped by more than maxDrop with "
+        "p < alpha. The job runs lm_eval with --log_samples.",
+    )
 
 
 class JobState(StrEnum):
@@ -418,12 +477,17 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     # spec.outputs.oci: whether the results reached the registry.
     RESULTS_PUSHED = "ResultsPushed"
+    # spec.gate: whether the score dropped significantly against spec.baseline.
+    REGRESSED = "Regressed"
 
 
 class Condition(_Model):
     """A Kubernetes-style condition, as `kubectl wait --for=condition=X` reads it."""
 
-    type: str = Field(description="Scheduled, Running, Finished, Succeeded or Suspended.")
+    type: str = Field(
+        description="Scheduled, Running, Finished, Succeeded, Suspended, ResultsPushed or "
+        "Regressed."
+    )
     status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$")]
     reason: str = ""
     message: str = ""
@@ -445,6 +509,43 @@ class TaskSourceStatus(_Model):
     url: str | None = Field(default=None, description="spec's git.url.")
     branch: str | None = Field(default=None, description="spec's git.branch, if any.")
     commit: str = Field(description="The commit checked out.")
+
+
+class GateStatus(_Model):
+    """The regression gate's last outcome (spec.gate), with the paired comparison's numbers."""
+
+    baseline: str = Field(description="spec.baseline when this was decided.")
+    baseline_uid: str | None = Field(
+        default=None, description="The baseline job's UID compared with."
+    )
+    task: str = Field(description="spec.gate.task.")
+    metric: str = Field(description="spec.gate.metric.")
+    verdict: str = Field(description="Regressed, NotRegressed or Unknown.")
+    reason: str = Field(description="Condition Regressed's reason.")
+    final: bool = Field(
+        default=False,
+        description="True once decided for this spec generation and baseline: not computed again.",
+    )
+    generation: int | None = Field(
+        default=None, description="The spec generation this outcome is for."
+    )
+    test: str | None = Field(default=None, description="The paired test used.")
+    n: int | None = Field(default=None, description="Documents paired.")
+    baseline_score: float | None = Field(default=None, description="Mean over the pairs (A).")
+    score: float | None = Field(default=None, description="This job's mean over the pairs (B).")
+    difference: float | None = Field(default=None, description="score - baselineScore.")
+    ci_low: float | None = Field(default=None, description="Confidence interval of difference.")
+    ci_high: float | None = Field(default=None, description="Confidence interval's upper end.")
+    confidence: float | None = Field(default=None, description="The interval's confidence.")
+    p_value: float | None = Field(default=None, description="The paired test's p-value.")
+    baseline_only: int | None = Field(
+        default=None, description="Items better in the baseline (0/1: right there, wrong here)."
+    )
+    candidate_only: int | None = Field(
+        default=None, description="Items better in this job (0/1: wrong there, right here)."
+    )
+    max_drop: float | None = Field(default=None, description="spec.gate.maxDrop applied.")
+    alpha: float | None = Field(default=None, description="spec.gate.alpha applied.")
 
 
 class LMEvalJobStatus(_Model):
@@ -506,6 +607,11 @@ class LMEvalJobStatus(_Model):
         default=None,
         description="Why pushing the results to spec.outputs.oci failed (the job still "
         "succeeds with its results; condition ResultsPushed is False).",
+    )
+    gate: GateStatus | None = Field(
+        default=None,
+        description="The regression gate's outcome (spec.gate): the numbers behind "
+        "condition Regressed.",
     )
     conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
     observed_generation: int | None = Field(

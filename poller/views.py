@@ -103,7 +103,16 @@ ProofCheck = Callable[[str | None, str, str, str, str], int | None]
 # The spec keys a finished job's view keeps: what `JobView`'s switches and
 # the metrics read. Nothing else in a finished job's spec is acted on again.
 FINISHED_SPEC_KEYS = frozenset(
-    {"model", "cancel", "suspend", "activeDeadlineSeconds", "ttlSecondsAfterFinished"}
+    {
+        "model",
+        "cancel",
+        "suspend",
+        "activeDeadlineSeconds",
+        "ttlSecondsAfterFinished",
+        # The regression gate (`poller.gate`) is decided after the job finished.
+        "baseline",
+        "gate",
+    }
 )
 # And the status fields it leaves out (the status is only ever merge-patched,
 # so a field missing from a view is never erased by a write).
@@ -168,8 +177,11 @@ class JobView:
         status: dict[str, Any] = obj.get("status") or {}
         text = status.get("results")
         if status.get("state") == api.JobState.COMPLETE.value:
+            # A gated job keeps its conditions: its gate writes condition Regressed
+            # after it finished, and a merge patch replaces the whole list.
+            omits = FINISHED_STATUS_OMITS - {"conditions"} if spec.get("gate") else None
             spec = {key: value for key, value in spec.items() if key in FINISHED_SPEC_KEYS}
-            status = {k: v for k, v in status.items() if k not in FINISHED_STATUS_OMITS}
+            status = {k: v for k, v in status.items() if k not in (omits or FINISHED_STATUS_OMITS)}
         return cls(
             namespace=meta.get("namespace", ""),
             name=meta.get("name", ""),

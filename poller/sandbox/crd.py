@@ -162,6 +162,15 @@ def crd_manifest() -> dict[str, Any]:
                             "description": "An lm-evaluation-harness run, executed by the "
                             "lmeval poller in a pod of its own.",
                             "required": ["spec"],
+                            # Only the root may read metadata.name.
+                            _VALIDATIONS: [
+                                {
+                                    "rule": "!has(self.spec.baseline) || "
+                                    "self.spec.baseline != self.metadata.name",
+                                    "message": "spec.baseline names this job itself",
+                                    "fieldPath": ".spec.baseline",
+                                }
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
