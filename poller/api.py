@@ -530,7 +530,8 @@ class GateStatus(_Model):
         default=None, description="The spec generation this outcome is for."
     )
     test: str | None = Field(default=None, description="The paired test used.")
-    n: int | None = Field(default=None, description="Documents paired.")
+    # Not "n": YAML 1.1 readers (kubectl's among them) take a bare n for false.
+    paired: int | None = Field(default=None, description="Documents paired (n).")
     baseline_score: float | None = Field(default=None, description="Mean over the pairs (A).")
     score: float | None = Field(default=None, description="This job's mean over the pairs (B).")
     difference: float | None = Field(default=None, description="score - baselineScore.")

@@ -33,10 +33,12 @@ import binascii
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
 from driver.itemscores import ITEM_SCORES_LIMITS, TaskItems, decode_item_scores
+from driver.protocol import parse_results_json
 from poller import api, pairedstats, results
 from poller.draft import StatusDraft
 from poller.views import JobView
@@ -82,10 +84,15 @@ class ItemsRead:
 
     `encoded` is the ConfigMap's binaryData value under `results.ITEMS_KEY`
     (base64 of gzip of the driver's JSON); `problem` says why there is none.
+    `results` is lm_eval's results JSON beside them (data `results.RESULTS_KEY`,
+    or the base64 of its gzip under binaryData ``RESULTS_KEY.gz`` when
+    `results_packed`), whose task hashes say whether two runs' tasks agree.
     """
 
     encoded: str | None = None
     problem: str | None = None
+    results: str | None = None
+    results_packed: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,22 +181,35 @@ def needs_items(job: JobView, view: GateView) -> bool:
     return not isinstance(_gate_spec(job), str) and _listed_outcome(job, view) is None
 
 
-def unpack_items(encoded: str) -> bytes:
+def unpack_items(encoded: str, key: str = results.ITEMS_KEY) -> bytes:
     """The driver's JSON from a binaryData value: base64, then gzip, at most
     the decoder's byte limit (raises ValueError saying what is wrong)."""
     try:
         packed = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as error:
-        raise ValueError(f"{results.ITEMS_KEY} is not base64: {error}") from error
+        raise ValueError(f"{key} is not base64: {error}") from error
     inflate = zlib.decompressobj(wbits=31)  # gzip framing
     limit = ITEM_SCORES_LIMITS.max_bytes
     try:
         data = inflate.decompress(packed, limit + 1)
     except zlib.error as error:
-        raise ValueError(f"{results.ITEMS_KEY} is not gzip: {error}") from error
+        raise ValueError(f"{key} is not gzip: {error}") from error
     if len(data) > limit:
-        raise ValueError(f"{results.ITEMS_KEY} holds more than {limit} bytes")
+        raise ValueError(f"{key} holds more than {limit} bytes")
     return data
+
+
+def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:
+    """lm_eval's results JSON kept beside the items, or None (absent or unreadable:
+    the task hashes are then not compared, the documents' digests still are)."""
+    if read is None or read.results is None:
+        return None
+    try:
+        if read.results_packed:
+            return parse_results_json(unpack_items(read.results, results.RESULTS_KEY + ".gz"))
+        return parse_results_json(read.results)
+    except ValueError:
+        return None
 
 
 def _task_items(read: ItemsRead | None, task: str, who: str) -> TaskItems | str:
@@ -263,7 +283,7 @@ def decide_gate(job: JobView, view: GateView) -> GateOutcome | None:
                 "its per-item scores are kept"
             )
         return GateOutcome(None, NO_ITEM_SCORES, message, _unknown(start, NO_ITEM_SCORES, True))
-    return _compared(theirs, own, gate, start)
+    return _compared(theirs, own, gate, start, (_results_of(view.base), _results_of(view.own)))
 
 
 def _unknown(start: api.GateStatus, reason: str, final: bool) -> api.GateStatus:
@@ -271,10 +291,18 @@ def _unknown(start: api.GateStatus, reason: str, final: bool) -> api.GateStatus:
 
 
 def _compared(
-    baseline: TaskItems, candidate: TaskItems, gate: api.RegressionGate, start: api.GateStatus
+    baseline: TaskItems,
+    candidate: TaskItems,
+    gate: api.RegressionGate,
+    start: api.GateStatus,
+    documents: tuple[dict[str, Any] | None, dict[str, Any] | None],
 ) -> GateOutcome:
-    """The paired comparison (A = baseline, B = this job) and its verdict."""
+    """The paired comparison (A = baseline, B = this job) and its verdict; `documents`
+    are both runs' results JSONs (A, B), when kept, for their task hashes."""
     try:
+        a_results, b_results = documents
+        if a_results is not None and b_results is not None:
+            pairedstats.check_results_comparable(gate.task, a_results, b_results)
         paired = pairedstats.pair_tasks(baseline, candidate, gate.metric)
     except pairedstats.NotComparable as refused:
         status = _unknown(start, NOT_COMPARABLE, True)
@@ -290,7 +318,7 @@ def _compared(
             "reason": reason,
             "final": True,
             "test": result.test,
-            "n": result.n,
+            "paired": result.n,
             "baseline_score": _number(result.mean_a),
             "score": _number(result.mean_b),
             "difference": _number(result.difference),

@@ -254,9 +254,16 @@ class Observer:
         owners = (found.get("metadata") or {}).get("ownerReferences") or []
         if not any(o.get("controller") and o.get("uid") == uid for o in owners):
             return ItemsRead(problem=f"ConfigMap {configmap} is not owned by LMEvalJob {name}")
-        encoded = (found.get("binaryData") or {}).get(results.ITEMS_KEY)
+        binary = found.get("binaryData") or {}
+        encoded = binary.get(results.ITEMS_KEY)
         if not isinstance(encoded, str):
             return ItemsRead(problem=f"ConfigMap {configmap} has no {results.ITEMS_KEY}")
+        text = (found.get("data") or {}).get(results.RESULTS_KEY)
+        packed = binary.get(results.RESULTS_KEY + ".gz")
+        if isinstance(text, str):
+            return ItemsRead(encoded=encoded, results=text)
+        if isinstance(packed, str):
+            return ItemsRead(encoded=encoded, results=packed, results_packed=True)
         return ItemsRead(encoded=encoded)
 
     def _flavor(self, name: str) -> Flavor:

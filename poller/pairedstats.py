@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from driver.itemscores import BINARY, TaskItems
 
@@ -18,6 +19,7 @@ __all__ = [
     "NotComparable",
     "Paired",
     "PairedResult",
+    "check_results_comparable",
     "compare_paired",
     "gate_verdict",
     "pair_tasks",
@@ -74,6 +76,17 @@ def pair_tasks(a: TaskItems, b: TaskItems, metric: str) -> Paired:
         tuple(p[1] for p in pairs),
         ma.kind == BINARY and mb.kind == BINARY,
     )
+
+
+def check_results_comparable(
+    task: str, a_results: Mapping[str, Any], b_results: Mapping[str, Any]
+) -> None:
+    for key in ("task_hashes", "n-shot", "versions"):
+        found_a, found_b = a_results.get(key), b_results.get(key)
+        in_a = found_a.get(task) if isinstance(found_a, dict) else None
+        in_b = found_b.get(task) if isinstance(found_b, dict) else None
+        if in_a is not None and in_b is not None and in_a != in_b:
+            raise NotComparable(f"different {key}: {str(in_a)[:16]} in A, {str(in_b)[:16]} in B")
 
 
 def _binom_two_sided(k: int, n: int) -> float:

@@ -4,8 +4,9 @@ Checks every outcome of condition Regressed: True and False with the numbers
 (A = baseline, B = this job), and each Unknown reason (BaselineMissing,
 WaitingForBaseline, BaselineFailed, JobNotSucceeded, NoItemScores for
 either side, NotComparable for a job naming itself and for a refused
-pairing, InvalidGate); that the per-item scores are asked for only when
-both jobs succeeded and no final outcome exists for this spec generation and
+pairing, including lm_eval's task hashes kept beside the items,
+InvalidGate); that the per-item scores are asked for only when both jobs
+succeeded and no final outcome exists for this spec generation and
 baseline object; that a final outcome is kept (no reads, no write) and is
 decided again after a spec change or for a new baseline object; that
 through `decide` a finished gated job gets status.gate, the condition and an
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 from typing import Any
 
 import pytest
@@ -100,7 +102,7 @@ def test_a_significant_drop_is_regressed_with_the_numbers() -> None:
     fields = outcome.fields
     assert fields.verdict == "Regressed" and fields.final and fields.generation == 2
     assert (fields.baseline, fields.baseline_uid) == ("base", "uid-b")
-    assert fields.n == N and fields.baseline_score == 1.0
+    assert fields.paired == N and fields.baseline_score == 1.0
     assert fields.score == pytest.approx(0.7)
     assert fields.difference == pytest.approx(-0.3)
     assert fields.baseline_only == 45 and fields.candidate_only == 0
@@ -248,6 +250,34 @@ def test_different_documents_are_not_comparable() -> None:
     outcome = decided(candidate(), GateView(baseline(), own=read(RIGHT), base=other_docs))
     assert (outcome.status, outcome.reason) == (None, gate.NOT_COMPARABLE)
     assert outcome.message and outcome.fields.final
+
+
+def test_different_task_hashes_are_not_comparable_in_either_stored_form() -> None:
+    def with_results(values: list[float], digest: str, packed: bool) -> ItemsRead:
+        text = json.dumps({"results": {}, "task_hashes": {"arith": digest}})
+        if packed:
+            zipped = base64.b64encode(gzip.compress(text.encode())).decode()
+            return ItemsRead(encoded=encoded(values), results=zipped, results_packed=True)
+        return ItemsRead(encoded=encoded(values), results=text)
+
+    for packed in (False, True):
+        listed = GateView(
+            baseline(),
+            own=with_results(RIGHT, "aaaa", packed),
+            base=with_results(RIGHT, "bbbb", packed),
+        )
+        outcome = decided(candidate(), listed)
+        assert (outcome.status, outcome.reason) == (None, gate.NOT_COMPARABLE)
+        assert "task_hashes" in outcome.message or "task hashes" in outcome.message
+        same = GateView(
+            baseline(),
+            own=with_results(RIGHT, "aaaa", packed),
+            base=with_results(RIGHT, "aaaa", packed),
+        )
+        assert decided(candidate(), same).status is False
+    # Unreadable results JSON: the documents' digests are still compared.
+    junk = ItemsRead(encoded=encoded(WORSE), results="{")
+    assert decided(candidate(), GateView(baseline(), own=junk, base=read(RIGHT))).status is True
 
 
 def test_a_missing_metric_is_not_comparable() -> None:
