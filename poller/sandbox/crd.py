@@ -161,6 +161,12 @@ def crd_manifest() -> dict[str, Any]:
                             "jsonPath": ".status.message",
                             "priority": 1,
                         },
+                        {
+                            "name": "Regressed",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Regressed")].status',
+                            "priority": 1,
+                        },
                     ],
                     "schema": {
                         "openAPIV3Schema": {

@@ -15,7 +15,8 @@ runner (the job pod as local processes):
 - a second run of the good model gated on the baseline: ``Regressed=False``
   (no item differs), and the real ``kubectl wait
   --for=condition=Regressed=false`` returns 0 on it (and ``=true`` on the
-  worse one); the Prometheus series carry both verdicts;
+  worse one), ``kubectl get -o wide`` shows both in its Regressed column;
+  the Prometheus series carry both verdicts;
 - a gated job whose baseline does not exist shows BaselineMissing; once a
   job of that name ends Cancelled, BaselineFailed;
 - the apiserver refuses a gate without a baseline and a job that names
@@ -261,6 +262,11 @@ def test_the_gate_tells_a_regression_from_the_same_model(
         check=False,
     )
     assert refused.returncode != 0
+    wide = control_plane.kubectl("get", "-n", jobs.namespace, ref, "-o", "wide").stdout
+    header, *rows = wide.splitlines()
+    column = header.index("REGRESSED")
+    shown = {row.split()[0]: row[column:].split()[0] for row in rows}
+    assert (shown["gate-worse"], shown["gate-same"]) == ("True", "False"), wide
 
     # A final verdict is kept: further cycles write nothing for these jobs.
     before = {name: jobs.get(name)["metadata"]["resourceVersion"] for name in done}
