@@ -540,8 +540,8 @@ def decide(
     scores read.
     """
     decision = _decide(job, pod, settings, now, log, queue, exec_view, run_as_user, kueue, gate)
-    if kueue is None:
-        return decision
+    if kueue is None or any(isinstance(a, PatchWorkloadStatus) for a in decision.actions):
+        return decision  # (a finished job's retention marks its workload itself)
     # A job that finishes now frees its Kueue quota in the same breath.
     for action in decision.actions:
         if isinstance(action, PatchStatus) and action.status.state == S.COMPLETE:

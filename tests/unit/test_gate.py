@@ -25,8 +25,9 @@ import pytest
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
 from poller import api, decide, gate, podspec
-from poller.actions import Needs, PatchStatus, PostEvent
+from poller.actions import Needs, PatchStatus, PatchWorkloadStatus, PostEvent
 from poller.gate import GateView, ItemsRead
+from poller.kueuegate import KueueView, WorkloadView
 from poller.views import JobView
 from tests.unit.test_decide import NOW, SETTINGS
 
@@ -411,3 +412,22 @@ def test_a_gated_job_runs_lm_eval_with_log_samples() -> None:
     assert api.RegressionGate(task="t").metric == "acc,none"
     with pytest.raises(ValueError, match=r"spec\.gate needs spec\.baseline"):
         api.LMEvalJobSpec.model_validate({"model": "dummy", "tasks": ["t"], "gate": GATE})
+
+
+def test_under_kueue_a_gated_jobs_workload_is_marked_finished_once() -> None:
+    workload = WorkloadView(
+        namespace="ns",
+        name="wl",
+        resource_version="5",
+        owner_uid="uid-c",
+        deleting=False,
+        conditions=(),
+        quota_reserved=True,
+        cluster_queue="cq",
+        flavors=(),
+    )
+    actions = decide.decide(
+        candidate(), None, SETTINGS, NOW, kueue=KueueView(workload), gate=GateView(None)
+    ).actions
+    assert len([a for a in actions if isinstance(a, PatchWorkloadStatus)]) == 1
+    assert len([a for a in actions if isinstance(a, PatchStatus)]) == 1
