@@ -266,6 +266,10 @@ def _score_table(
 
 def _side(cluster: Cluster, job: dict[str, Any], label: str) -> tuple[paired.Side, str]:
     """One job for the paired comparison, and why it cannot be paired ("" when it can)."""
+    if facts.state(job) != api.JobState.COMPLETE.value:
+        return paired.Side(
+            label, None, None
+        ), f"{label} has not finished (state {facts.state(job)})"
     configmap = _results_configmap(cluster, job)
     results = _configmap_results(cluster, job, configmap) if configmap else None
     items, why = facts.item_scores(job, configmap)
@@ -333,7 +337,7 @@ def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
         out.write(render.paired_heading(labels[0], labels[1], args.confidence))
     _print_grid(out, grid, args.output, render.PAIRED_RIGHT)
     if args.output == "table":
-        for line in render.paired_notes(notes, report.warnings):
+        for line in render.paired_notes(report, notes):
             out.write(line)
     else:
         for warning in report.warnings:

@@ -8,7 +8,10 @@ camelCase keys) and never fail on a partial object: a job the poller has not
 seen yet has no status at all, and results may be absent, reduced or
 malformed. Score rows are read by `poller.results.score_rows` (re-exported
 here), the one reading of lm_eval's scores that the metrics and the sandbox
-use too. Rendering (rich tables, CSV, Markdown) is in ``render``.
+use too. The per-item scores and the provenance a paired comparison reads
+come from the job's results ConfigMap (decompressed with a bound: the job's
+author wrote them), else from status. Rendering (rich tables, CSV, Markdown)
+is in ``render``.
 """
 
 from __future__ import annotations

@@ -265,9 +265,16 @@ def paired_grid(report: paired.Report, *, footnotes: bool) -> tuple[Grid, list[s
     return (headers, rows), notes
 
 
-def paired_notes(notes: list[str], warnings: list[str]) -> list[str]:
+def paired_notes(report: paired.Report, notes: list[str]) -> list[str]:
     """The lines under the paired table: why pairs were refused, what differs between the runs."""
-    lines = []
+    lines, warnings = [], report.warnings
+    left_out = [
+        f"  {row.task} {row.metric}: {row.dropped} documents without a value in both runs"
+        for row in report.rows
+        if row.dropped
+    ]
+    if left_out:
+        lines += ["", "Left out (lm_eval wrote NaN):", *left_out]
     if notes:
         lines += ["", "Not compared:"]
         lines += [f"  ({number}) {note}" for number, note in enumerate(notes, start=1)]

@@ -9,11 +9,11 @@ and for a fixed-precision metric; it refuses a task whose documents differ
 and one whose lm_eval task hash differs, each with its reason; it warns
 about provenance that differs (lm_eval version, image ID); ``--json``
 parses and carries the same numbers; ``--task``/``--metric`` select rows;
-without per-item scores it prints the side-by-side scores and says why
-there is no paired test. ``get`` shows the per-item scores' line, the gate
-condition ``Regressed`` with its whole message, and status.provenance (when
-the installed CRD keeps it). Jobs and statuses are written as an admin; no
-poller runs.
+without per-item scores, or before a job has finished, it prints the
+side-by-side scores and says why there is no paired test. ``get`` shows the
+per-item scores' line, the gate condition ``Regressed`` with its whole
+message, and status.provenance (when the installed CRD keeps it). Jobs and
+statuses are written as an admin; no poller runs.
 """
 
 from __future__ import annotations
@@ -246,6 +246,11 @@ def test_compare_refuses_a_changed_task_and_explains_a_missing_test(cli: Cli, jo
     )
     no_test = json.loads(cli("compare", "base", "plain", "-o", "json").stdout)
     assert no_test["paired"] is None and no_test["noPairedTest"].startswith("plain: ")
+
+    jobs.create("pending")
+    unfinished = cli("compare", "base", "pending")
+    assert unfinished.returncode == 0, unfinished.stderr
+    assert "no paired test: pending has not finished (state New)" in unfinished.stderr
 
 
 def test_get_shows_provenance_item_scores_and_the_gate(cli: Cli, jobs: Jobs) -> None:

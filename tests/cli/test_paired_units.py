@@ -4,7 +4,8 @@ Checks: the plain verdicts (significance by p < 1 - confidence, direction by
 lm_eval's higher_is_better, lower-is-better metrics, an assumed direction
 flagged); which rows a comparison has (the spec's task order, ``--metric
 acc`` matching every filter of acc but not acc_norm, tasks and metrics
-only one run has, metrics the driver could not itemise); provenance warnings
+only one run has, metrics the driver could not itemise, documents without
+a value left out and listed); provenance warnings
 (each differing field, task hashes only of compared tasks, a run without
 provenance, long values cut); per-item scores read from a ConfigMap (a
 decompression bomb and junk refused with a reason, status.itemScores'
@@ -91,6 +92,23 @@ def test_rows_order_filters_and_refusals() -> None:
     assert notes == ["alpha bleu,none: no per-item values (bleu,none: a corpus-level metric)"]
     (_, rows), _ = render.paired_grid(everything, footnotes=False)  # csv, markdown
     assert rows[2][-1] == "not compared: no per-item values (bleu,none: a corpus-level metric)"
+
+
+def test_documents_without_values_are_left_out_and_said_so() -> None:
+    values = [0.5, float("nan"), 0.25, 1.0] * 10
+    a = _side("a", {"t": _task({"f1,none": values})})
+    b = _side("b", {"t": _task({"f1,none": [0.5] * 40})})
+    report = paired.compare_sides(a, b)
+    (row,) = report.rows
+    assert row.result is not None and (row.result.n, row.dropped) == (30, 10)
+    assert render.paired_notes(report, []) == [
+        "",
+        "Left out (lm_eval wrote NaN):",
+        "  t f1,none: 10 documents without a value in both runs",
+        "",
+        "Warnings (provenance differs):",
+        "  neither job records its provenance (versions, image, seeds): runs from before it",
+    ]
 
 
 def test_provenance_warnings() -> None:
