@@ -42,6 +42,7 @@ PROVENANCE_FIELDS = (
     "serverModels",
     "seeds",
 )
+_DATASET_FIELDS = ("datasetPath", "datasetName", "datasetRevision")
 _SHOWN = 120  # characters of one provenance value (the job's author wrote it)
 
 
@@ -199,12 +200,25 @@ def provenance_warnings(a: Side, b: Side, tasks: Sequence[str]) -> list[str]:
         value_a, value_b = a.provenance.get(key), b.provenance.get(key)
         if value_a != value_b:
             warnings.append(f"{key} differs: {_shown(value_a)} (A) vs {_shown(value_b)} (B)")
-    hashes_a, hashes_b = a.provenance.get("taskHashes"), b.provenance.get("taskHashes")
-    if isinstance(hashes_a, dict) and isinstance(hashes_b, dict):
-        for task in dict.fromkeys(tasks):
-            hash_a, hash_b = hashes_a.get(task), hashes_b.get(task)
-            if hash_a and hash_b and hash_a != hash_b:
+    hashes_a, hashes_b = _mapping(a.provenance, "taskHashes"), _mapping(b.provenance, "taskHashes")
+    tasks_a, tasks_b = _mapping(a.provenance, "tasks"), _mapping(b.provenance, "tasks")
+    for task in dict.fromkeys(tasks):
+        hash_a, hash_b = hashes_a.get(task), hashes_b.get(task)
+        if hash_a and hash_b and hash_a != hash_b:
+            warnings.append(
+                f"taskHashes[{task}] differs: {_shown(hash_a)} (A) vs {_shown(hash_b)} (B)"
+            )
+        # provenance.json's per-task dataset, as lm_eval's configs name it.
+        entry_a, entry_b = _mapping(tasks_a, task), _mapping(tasks_b, task)
+        for key in _DATASET_FIELDS:
+            if key in entry_a and key in entry_b and entry_a[key] != entry_b[key]:
                 warnings.append(
-                    f"taskHashes[{task}] differs: {_shown(hash_a)} (A) vs {_shown(hash_b)} (B)"
+                    f"{key}[{task}] differs: {_shown(entry_a[key])} (A) vs "
+                    f"{_shown(entry_b[key])} (B)"
                 )
     return warnings
+
+
+def _mapping(found: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = found.get(key)
+    return value if isinstance(value, dict) else {}

@@ -128,6 +128,16 @@ def test_provenance_warnings() -> None:
         'seeds differs: {"random": 0} (A) vs {"random": 1} (B)',
         "taskHashes[t] differs: h1 (A) vs h2 (B)",
     ]
+    # provenance.json's per-task datasets: a revision that moved.
+    revised = _side(
+        "r", {}, provenance={**base, "tasks": {"t": {"datasetPath": "p", "datasetRevision": "v2"}}}
+    )
+    pinned = _side(
+        "p", {}, provenance={**base, "tasks": {"t": {"datasetPath": "p", "datasetRevision": "v1"}}}
+    )
+    assert paired.provenance_warnings(pinned, revised, ["t"]) == [
+        "datasetRevision[t] differs: v1 (A) vs v2 (B)"
+    ]
     long = _side("c", {}, provenance={**base, "modelName": "n" * 500})
     (warning,) = paired.provenance_warnings(a, long, [])
     assert warning.startswith("modelName differs: mmm") and len(warning) < 300
