@@ -255,6 +255,14 @@ def provenance(job: dict[str, Any], configmap: dict[str, Any] | None = None) -> 
     return found if isinstance(found, dict) else {}
 
 
+_SEEDS = ("random", "numpy", "torch", "fewshot")
+
+
+def _seed_order(item: tuple[str, Any]) -> tuple[int, str]:
+    """lm_eval's order of its seeds (the API server returns keys sorted by name)."""
+    return (_SEEDS.index(item[0]) if item[0] in _SEEDS else len(_SEEDS), item[0])
+
+
 def provenance_pairs(job: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) lines of status.provenance for `lmeval get`, set fields only."""
     found = status(job).get("provenance")
@@ -273,7 +281,9 @@ def provenance_pairs(job: dict[str, Any]) -> list[tuple[str, str]]:
         ("Server models", found.get("serverModels")),
         (
             "Seeds",
-            " ".join(f"{k}={v}" for k, v in seeds.items()) if isinstance(seeds, dict) else seeds,
+            " ".join(f"{k}={v}" for k, v in sorted(seeds.items(), key=_seed_order))
+            if isinstance(seeds, dict)
+            else seeds,
         ),
         (
             "Task hashes",
