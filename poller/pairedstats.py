@@ -98,7 +98,7 @@ class Paired:
     a: tuple[float, ...]
     b: tuple[float, ...]
     binary: bool
-    doc_ids: tuple[int, ...]
+    doc_ids: tuple[int, ...] = ()
     dropped: int = 0  # documents left out because either value is NaN (undefined)
 
 
