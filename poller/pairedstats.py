@@ -405,6 +405,7 @@ def summary(result: PairedResult) -> str:
         else f"{result.a_only} lower in B, {result.b_only} higher in B"
     )
     return (
+        f"A={result.mean_a:.4f} B={result.mean_b:.4f} "
         f"B-A={result.difference:+.4f} ({result.confidence:.0%} CI {result.ci_low:+.4f} to "
         f"{result.ci_high:+.4f}), p={format_p(result.p_value)} ({result.test}), "
         f"flips {flips}, n={result.n}"

@@ -86,7 +86,7 @@ def test_newcombe_interval_matches_the_published_example() -> None:
     assert (f"{result.ci_low:.4f}", f"{result.ci_high:.4f}") == ("-0.1186", "-0.0046")
     assert f"{result.p_value:.6f}" == "0.052479"
     assert ps.summary(result) == (
-        "B-A=-0.0621 (95% CI -0.1186 to -0.0046), p=0.0525 (exact McNemar), "
+        "A=0.4658 B=0.4037 B-A=-0.0621 (95% CI -0.1186 to -0.0046), p=0.0525 (exact McNemar), "
         "flips 16 right->wrong, 6 wrong->right, n=161"
     )
 
@@ -252,7 +252,10 @@ def test_gate_verdict_edges() -> None:
     drop = ps.gate_verdict(_result(-0.05, 0.001), max_drop=0.0, alpha=0.05, higher_is_better=True)
     assert drop.regressed
     assert drop.message.startswith("regressed: drop 0.0500 > max drop 0 and p < alpha 0.05; ")
-    assert "B-A=-0.0500 (95% CI -0.0700 to -0.0300), p=0.0010 (exact McNemar)" in drop.message
+    assert (
+        "A=0.7000 B=0.6500 B-A=-0.0500 (95% CI -0.0700 to -0.0300), p=0.0010 (exact McNemar)"
+        in drop.message
+    )
     assert "flips 12 right->wrong, 2 wrong->right, n=200" in drop.message
     # A drop of exactly max_drop is acceptable; so is a significant gain.
     exact = ps.gate_verdict(_result(-0.05, 0.001), max_drop=0.05, alpha=0.05, higher_is_better=True)
