@@ -17,10 +17,11 @@ statsmodels):
   difference of the paired proportions is Newcombe's hybrid score interval
   (Newcombe 1998, method 10, "square-and-add": Wilson intervals of both
   proportions combined with the corrected phi correlation of the pairs, as
-  Fagerland, Lydersen and Laake 2014 recommend it), whose coverage stays close to
-  nominal even for few discordant pairs, where the Wald interval is too
-  narrow. p and the interval are different constructions, so on the edge one
-  can exclude 0 while the other does not: verdicts use p.
+  Fagerland, Lydersen and Laake 2014 recommend it), whose coverage stays
+  close to nominal even for few discordant pairs, where the Wald interval is
+  too narrow (conservative when only one or two pairs are expected to be).
+  p and the interval are different constructions, so on the edge one can
+  exclude 0 while the other does not: verdicts use p.
 - other metrics (F1, BLEU per item, ...): a paired bootstrap of the mean
   difference (``random.Random(seed)``, resampling items with replacement)
   for the percentile interval, and a sign-flip permutation test for p
@@ -35,10 +36,9 @@ statsmodels):
   B = 2000) and that of a 95 % interval end about 2.7/sqrt(B) bootstrap
   standard deviations (3 % of the interval's half-width at B = 2000). When
   even `MIN_RESAMPLES` would exceed the budget (more than 10,000 items by
-  default) the normal approximation is
-  used instead (mean difference +- z * sd / sqrt(n), two-sided z test): at
-  that size it agrees with the bootstrap to well within its Monte Carlo
-  error.
+  default) the normal approximation is used instead (mean difference +- z *
+  sd / sqrt(n), two-sided z test): at that size it agrees with the bootstrap
+  to well within its Monte Carlo error.
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ NORMAL = "paired z (normal approximation)"
 # the cost): about 46 ns each here, so about 1.4 s for both at the cap.
 MAX_DRAWS = 20_000_000
 MIN_RESAMPLES = 2000
-# Exact binomial tails with integers up to this many discordant pairs (about
-# 50 ms at the cap); beyond it, lgamma and a float sum (relative error ~1e-9).
-_EXACT_BINOMIAL_MAX = 50_000
+# Exact binomial tails with integers up to this many discordant pairs (at most
+# 50 ms here); beyond it, lgamma and a float sum (relative error ~1e-9, < 1 ms).
+_EXACT_BINOMIAL_MAX = 20_000
 # Bytes mapped to 0 (keep the sign) or 1 (flip it), half each.
 _HALF = bytes([0] * 128 + [1] * 128)
 

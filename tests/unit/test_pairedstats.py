@@ -67,7 +67,9 @@ def test_mcnemar_matches_statsmodels_and_scipy(
     assert result.difference == pytest.approx((b_only - a_only) / result.n)
 
 
-@pytest.mark.parametrize(("k", "n"), [(30_000, 60_500), (29_000, 60_000), (10, 60_001)])
+@pytest.mark.parametrize(
+    ("k", "n"), [(30_000, 60_500), (29_000, 60_000), (10, 60_001), (10_100, 20_400)]
+)
 def test_binomial_tail_beyond_the_integer_path(k: int, n: int) -> None:
     assert n > ps._EXACT_BINOMIAL_MAX  # the lgamma path
     assert ps._binomial_two_sided(k, n) == pytest.approx(
