@@ -9,11 +9,12 @@ interval agrees with ``scipy.stats.bootstrap`` within the stated Monte Carlo
 tolerance; the sign-flip p equals ``scipy.stats.permutation_test`` exactly
 when all sign patterns are enumerated and within Monte Carlo error when
 sampled; the normal approximation equals statsmodels' z test and interval;
-the work cap; symmetry (swapping A and B negates the difference and its
-interval, same p), bounds and p = 1 on identical runs as properties
-(hypothesis); the gate rule's edges (a drop of exactly max_drop, p exactly
-alpha, lower-is-better metrics); pairing on document ids and each refusal
-with its reason; and the refusals read from lm_eval's results JSONs.
+the work cap; draws stay uniform past 16-bit indices; symmetry (swapping
+A and B negates the difference and its interval, same p), bounds and p = 1
+on identical runs as properties (hypothesis); the gate rule's edges (a drop
+of exactly max_drop, p exactly alpha, lower-is-better metrics); pairing on
+document ids and each refusal with its reason; and the refusals read from
+lm_eval's results JSONs.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ def test_sign_flip_p_matches_scipy_within_monte_carlo_error() -> None:
 
 
 def test_the_work_cap_and_the_normal_approximation() -> None:
-    a, b = _continuous(5000, seed=13)
-    capped = ps.compare_paired(a, b, binary=False, max_draws=10_000_000)
+    a, b = _continuous(2000, seed=13)
+    capped = ps.compare_paired(a, b, binary=False, max_draws=4_000_000)
     assert (capped.test, capped.resamples) == (ps.BOOTSTRAP, 2000)
     a, b = _continuous(30_000, seed=17, shift=-0.003)
     normal = ps.compare_paired(a, b, binary=False)  # 30,000 x 2000 > MAX_DRAWS
@@ -169,9 +170,23 @@ def test_the_work_cap_and_the_normal_approximation() -> None:
     low, high = DescrStatsW(d / 1e6).zconfint_mean(alpha=0.05)
     assert (normal.ci_low, normal.ci_high) == (pytest.approx(low), pytest.approx(high))
     # Given the budget, the bootstrap agrees with it to its Monte Carlo error.
-    boot = ps.compare_paired(a, b, binary=False, resamples=2000, max_draws=None)
+    boot = ps.compare_paired(a, b, binary=False, resamples=500, max_draws=None)
     assert boot.ci_low == pytest.approx(normal.ci_low, abs=0.001)
     assert boot.ci_high == pytest.approx(normal.ci_high, abs=0.001)
+
+
+def test_resampling_is_uniform_past_16_bit_indices() -> None:
+    # Over 32,768 items the draws use 32-bit indices and a mask: every item
+    # must still be equally likely. Items of the upper half count 1, the
+    # rest 0, so a skew towards either half moves the resampled means.
+    n, resamples = 40_000, 200
+    halves = [0] * (n // 2) + [1] * (n // 2)
+    means = [s / n for s in ps._resample_sums(halves, resamples, random.Random(5))]
+    centre = sum(means) / resamples
+    spread = math.sqrt(sum((m - centre) ** 2 for m in means) / (resamples - 1))
+    expected_spread = 0.5 / math.sqrt(n)
+    assert abs(centre - 0.5) < 4 * expected_spread / math.sqrt(resamples)
+    assert spread == pytest.approx(expected_spread, rel=0.2)
 
 
 def test_arguments_are_checked() -> None:
