@@ -131,11 +131,11 @@ class GateVerdict:
 def pair_tasks(a: TaskItems, b: TaskItems, metric: str) -> Paired:
     """`metric`'s values of A and B on the same documents, or NotComparable saying why."""
     for side, task in (("A", a), ("B", b)):
+        if not task.doc_ids:  # the driver keeps a task whose samples it could not use, empty
+            raise NotComparable(f"{side} has no documents with per-item scores in this task")
         if metric not in task.metrics:
             have = ", ".join(sorted(task.metrics)[:8]) or "none"
             raise NotComparable(f"{side} has no per-item values of {metric} (it has: {have})")
-        if not task.doc_ids:
-            raise NotComparable(f"{side} has no documents")
     ids_a, ids_b = set(a.doc_ids), set(b.doc_ids)
     if ids_a != ids_b:
         raise NotComparable(

@@ -328,8 +328,8 @@ def test_pairing_refuses_with_the_reason() -> None:
         ps.NotComparable, match=r"B has no per-item values of f1,none \(it has: acc"
     ):
         ps.pair_tasks(both, a, "f1,none")
-    with pytest.raises(ps.NotComparable, match="A has no documents"):
-        ps.pair_tasks(_task([], {"acc,none": []}), a, "acc,none")
+    with pytest.raises(ps.NotComparable, match="A has no documents with per-item scores"):
+        ps.pair_tasks(_task([], {}), a, "acc,none")
     undefined = _task([0], {"f1,none": [math.nan]})
     with pytest.raises(ps.NotComparable, match="no document has a defined value"):
         ps.pair_tasks(undefined, undefined, "f1,none")
