@@ -178,11 +178,14 @@ def check_results_comparable(
     lm_eval's ``task_hashes`` hash every document, prompt and target (only
     written with --log_samples), ``n-shot`` is the few-shot count and
     ``versions`` the task's version; each is compared when both runs have it.
+    Call it after `pair_tasks`, whose reasons (which documents differ) are
+    more specific than a differing hash.
     """
+    # The most specific first: a different few-shot count changes the hash too.
     for key, words in (
-        ("task_hashes", "task hashes (documents, prompts or targets changed)"),
         ("n-shot", "few-shot counts"),
         ("versions", "task versions"),
+        ("task_hashes", "task hashes (documents, prompts or targets changed)"),
     ):
         in_a, in_b = _task_field(a_results, key, task), _task_field(b_results, key, task)
         if in_a is not None and in_b is not None and in_a != in_b:

@@ -122,8 +122,8 @@ def _wanted(name: str, filters: Sequence[str]) -> bool:
 def _pair_one(a: Side, b: Side, task: str, metric: str, confidence: float, seed: int) -> Row:
     assert a.items is not None and b.items is not None
     try:
-        pairedstats.check_results_comparable(task, a.results or {}, b.results or {})
         paired = pairedstats.pair_tasks(a.items.tasks[task], b.items.tasks[task], metric)
+        pairedstats.check_results_comparable(task, a.results or {}, b.results or {})
     except pairedstats.NotComparable as refused:
         return Row(task, metric, reason=str(refused))
     result = pairedstats.compare_paired(
