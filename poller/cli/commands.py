@@ -266,10 +266,9 @@ def _score_table(
 
 def _side(cluster: Cluster, job: dict[str, Any], label: str) -> tuple[paired.Side, str]:
     """One job for the paired comparison, and why it cannot be paired ("" when it can)."""
-    if facts.state(job) != api.JobState.COMPLETE.value:
-        return paired.Side(
-            label, None, None
-        ), f"{label} has not finished (state {facts.state(job)})"
+    state = facts.state(job)
+    if state != api.JobState.COMPLETE.value:
+        return paired.Side(label, None, None), f"{label} has not finished (state {state})"
     configmap = _results_configmap(cluster, job)
     results = _configmap_results(cluster, job, configmap) if configmap else None
     items, why = facts.item_scores(job, configmap)
