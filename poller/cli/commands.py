@@ -340,7 +340,7 @@ def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
             out.write(line)
     else:
         for warning in report.warnings:
-            out.note(f"warning: {warning}")
+            out.note(f"warning: {render.safe(warning)}")
     return ExitCode.OK
 
 

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -44,6 +45,7 @@ __all__ = [
     "paired_grid",
     "paired_heading",
     "paired_notes",
+    "safe",
     "scores_grid",
 ]
 
@@ -222,6 +224,13 @@ _SHORT_TEST = {
 }
 
 
+def safe(text: str, width: int = 300) -> str:
+    """Task names, metric names and reasons come from the job's pod: no control
+    characters (a terminal would obey an escape sequence), bounded."""
+    clean = "".join("?" if unicodedata.category(c).startswith("C") else c for c in text)
+    return clean if len(clean) <= width else clean[: width - 3] + "..."
+
+
 def paired_heading(a: str, b: str, confidence: float) -> str:
     return (
         f"A = {a} (baseline), B = {b} (candidate); {confidence:.0%} intervals, "
@@ -243,13 +252,13 @@ def paired_grid(report: paired.Report, *, footnotes: bool) -> tuple[Grid, list[s
                 refused = f"not compared ({len(notes)})"
             else:
                 refused = f"not compared: {row.reason}"
-            rows.append([row.task, row.metric, *["-"] * 9, refused])
+            rows.append([safe(row.task), safe(row.metric), *["-"] * 9, safe(refused)])
             continue
         direction = "" if row.higher_is_better is not None else " (assumed higher is better)"
         rows.append(
             [
-                row.task,
-                row.metric,
+                safe(row.task),
+                safe(row.metric),
                 str(r.n),
                 f"{r.mean_a:.4f}",
                 f"{r.mean_b:.4f}",
@@ -281,7 +290,7 @@ def paired_notes(report: paired.Report, notes: list[str]) -> list[str]:
     if warnings:
         lines += ["", "Warnings (provenance differs):"]
         lines += [f"  {warning}" for warning in warnings]
-    return lines
+    return [safe(line, 1000) for line in lines]
 
 
 def _kv_table(pairs: list[tuple[str, str]]) -> Table:

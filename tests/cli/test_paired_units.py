@@ -10,7 +10,8 @@ a value left out and listed); provenance warnings
 provenance, long values cut); per-item scores read from a ConfigMap (a
 decompression bomb and junk refused with a reason, status.itemScores'
 message when there are none); and what ``get`` prints for provenance,
-per-item scores and the gate condition.
+per-item scores and the gate condition; names and reasons from the job's
+pod printed without control characters.
 """
 
 from __future__ import annotations
@@ -109,6 +110,20 @@ def test_documents_without_values_are_left_out_and_said_so() -> None:
         "Warnings (provenance differs):",
         "  neither job records its provenance (versions, image, seeds): runs from before it",
     ]
+
+
+def test_names_and_reasons_are_printed_without_control_characters() -> None:
+    task = "evil\x1b]0;owned\x07"
+    a = _side("a", {task: _task({"acc,none": [1.0] * 40})})
+    b = _side("b", {task: _task({"acc,none": [1.0] * 39 + [0.0]}, n=40)}, provenance={"x": 1})
+    report = paired.compare_sides(a, b)
+    (_, rows), _ = render.paired_grid(report, footnotes=True)
+    assert rows[0][0] == "evil?]0;owned?"
+    refused = paired.compare_sides(a, _side("c", {task: _task({"f1,none": [0.5] * 40})}))
+    (_, rows), notes = render.paired_grid(refused, footnotes=True)
+    lines = render.paired_notes(refused, notes)
+    assert all("\x1b" not in line and "\x07" not in line for line in lines)
+    assert "  (1) evil?]0;owned? acc,none: only A has per-item values of it" in lines
 
 
 def test_provenance_warnings() -> None:
