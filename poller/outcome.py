@@ -68,14 +68,18 @@ MAX_RESULTS_READS = 1 + WIDENINGS
 # 16 KiB is split into pieces of 16 KiB (containerd, CRI-O): the kubelet's
 # (and kwok's) tailLines counts the pieces, so a results marker is 3 lines.
 RUNTIME_LINE_BYTES = 16 * 1024
-# The driver writes the results markers (protocol.MAX_RESULTS_CHUNKS at most)
-# and the completed marker last, with a few notes at most after them: this
-# window (115 lines) holds them all, and fits a results read's byte limit
-# (115 pieces of 16 KiB are 1.8 MiB). It is read instead when the first
-# window held more bytes than a read may take (long lines before the
-# results, such as the tqdm redraws of a long run, which end in one newline).
+# The driver writes the results markers (protocol.MAX_RESULTS_CHUNKS at most),
+# then the per-item scores' items markers (protocol.MAX_ITEMS_CHUNKS, chunks
+# of the same size) and the completed marker last, with a few notes at most
+# after them: this window (127 lines) holds them all, and fits a results
+# read's byte limit (127 pieces of 16 KiB are 1.98 MiB; the items' chunk
+# count is chosen so). It is read instead when the first window held more
+# bytes than a read may take (long lines before the results, such as the
+# tqdm redraws of a long run, which end in one newline).
 RESULTS_TAIL_LINES = (
-    -(-protocol.MAX_RESULTS_MARKER_CHARS // RUNTIME_LINE_BYTES) * protocol.MAX_RESULTS_CHUNKS + 16
+    -(-protocol.MAX_RESULTS_MARKER_CHARS // RUNTIME_LINE_BYTES)
+    * (protocol.MAX_RESULTS_CHUNKS + protocol.MAX_ITEMS_CHUNKS)
+    + 16
 )
 # Task names the status message of a finished job lists (a results JSON may
 # name thousands: the message is in every LIST of jobs).
