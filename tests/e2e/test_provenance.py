@@ -67,6 +67,7 @@ def test_a_finished_run_keeps_its_provenance_and_item_scores(
     assert "lm_eval" in argv and "--log_samples" in argv
     assert "--tasks=sample_arith_mc,sample_arith_gen" in argv
     assert (provenance["model"], provenance["modelName"]) == ("local-completions", "toy")
+    assert provenance["serverModels"] == model_server.model  # what its /v1/models lists
     assert provenance["seeds"] == {
         "random": config["random_seed"],
         "numpy": config["numpy_seed"],
