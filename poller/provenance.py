@@ -81,14 +81,28 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _argv_word(word: str) -> str:
-    """One argv word, printable and at most api.PROVENANCE_ARG_MAX characters."""
-    word = "".join(c if ord(c) >= 0x20 and ord(c) != 0x7F else "\ufffd" for c in word)
+def _cut(word: str) -> str:
+    """`word` shortened to api.PROVENANCE_ARG_MAX characters before it is redacted.
+
+    Cut at the last separator of key=value pairs and URLs (",", "&", ";",
+    whitespace) that leaves room for the note, so that no secret is cut in
+    half (half a password does not look like one to the redaction). Cut
+    first because redacting tens of KB of hostile text costs seconds.
+    """
     limit = api.PROVENANCE_ARG_MAX
-    if len(word) > limit:
-        more = f"... ({len(word)} characters)"
-        word = word[: limit - len(more)] + more
-    return word
+    if len(word) <= limit:
+        return word
+    more = f"... ({len(word)} characters)"
+    head = word[: limit - len(more)]
+    cut = max(head.rfind(sep) for sep in ", &;\t")
+    return (head[:cut] if cut > 0 else "") + more
+
+
+def _printable(word: str) -> str:
+    """One redacted argv word: printable, and within api.PROVENANCE_ARG_MAX after all."""
+    word = "".join(c if ord(c) >= 0x20 and ord(c) != 0x7F else "\ufffd" for c in word)
+    # Redaction may lengthen a cut word ("k=v" -> "k=***"): then only its length.
+    return word if len(word) <= api.PROVENANCE_ARG_MAX else f"({len(word)} characters)"
 
 
 def model_name(model_args: object) -> str | None:
@@ -108,7 +122,7 @@ def model_name(model_args: object) -> str | None:
     for key in _MODEL_NAME_KEYS:
         name = _text(pairs.get(key))
         if name is not None:
-            return redact_text(name)
+            return _text(redact_text(name))  # bounded again: "k=v" may grow to "k=***"
     return None
 
 
@@ -132,7 +146,7 @@ def _task_entry(
         "datasetRevision": _text(_mapping(config.get("dataset_kwargs")).get("revision")),
     }
     # Redacted: a dataset path may be a URL with credentials.
-    entry.update({k: redact_text(v) for k, v in dataset.items() if v is not None})
+    entry.update({k: _text(redact_text(v)) for k, v in dataset.items() if v is not None})
     if name in hashes:
         entry["hash"] = hashes[name]
     task = items.tasks.get(name) if items is not None else None
@@ -275,7 +289,7 @@ def build(
     )
     words = list(outcome.argv) if outcome and outcome.argv else list(first.get("argv") or [])
     words = [w for w in words[:DOCUMENT_ARGV_MAX] if isinstance(w, str)]
-    argv = tuple(_argv_word(word) for word in redact_argv(words))
+    argv = tuple(_printable(word) for word in redact_argv([_cut(word) for word in words]))
     seeds = {name: _int(config.get(key)) for name, key in _SEEDS}
     hashes: dict[str, str] = {}
     for name, value in list(_mapping(document.get("task_hashes")).items())[:MAX_TASKS]:

@@ -14,6 +14,7 @@ DOCUMENT_MAX_BYTES whatever the results name.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from driver.decoder import Outcome
@@ -166,6 +167,9 @@ def test_secrets_are_never_copied() -> None:
     dict_args = {"pretrained": "org/m", "api_key": "SECRET-7", "base_url": "http://h"}
     assert provenance.model_name(dict_args) == "org/m"
     assert provenance.model_name("base_url=http://h,api_key=k") is None
+    # Redaction may lengthen a name ("token=x" -> "token=***"): still within bounds.
+    assert provenance.model_name({"model": "m" * 505 + "token=x"}) is None
+    assert provenance.model_name({"model": "m" * 503 + "token=x"}) == "m" * 503 + "token=***"
 
 
 def test_hostile_values_are_left_out() -> None:
@@ -223,8 +227,22 @@ def test_status_stays_small_and_the_document_bounded() -> None:
     # provenance.json keeps every word (each bounded).
     document = json.loads(record.document())
     assert len(document["argv"]) == len(argv)
-    assert len(document["argv"][-1]) == api.PROVENANCE_ARG_MAX
-    assert document["argv"][-1].endswith("... (5000 characters)")
+    assert document["argv"][-1] == "... (5000 characters)"  # no separator to cut at
+
+
+def test_long_argv_words_are_cut_where_no_secret_is_split() -> None:
+    url = "base_url=https://user:" + "p" * 40 + "@host/v1"
+    word = "model=m," + "x" * 960 + "," + url + ",tokenizer_backend=remote"
+    record = provenance.build(outcome=final(argv=("lm_eval", word)), started=None, results=None)
+    kept = record.argv[1]
+    assert kept == "model=m," + "x" * 960 + f"... ({len(word)} characters)"
+    assert "p" * 10 not in json.dumps(record.status_fields()) + record.document()
+    # Hostile text that the redaction's patterns would chew on for seconds is cut first.
+    hostile = ("a" * 32_000 + "://", "{" + "b" * 32_000 + "}")
+    started = time.perf_counter()
+    record = provenance.build(outcome=final(argv=hostile), started=None, results=None)
+    assert time.perf_counter() - started < 0.5
+    assert all(len(w) <= api.PROVENANCE_ARG_MAX for w in record.argv)
 
     # Thousands of tasks with long names: the document stops at its bound and says so.
     many = {f"{'t' * 400}{i:05d}": HASH_A for i in range(4000)}
