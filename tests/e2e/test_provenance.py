@@ -75,6 +75,7 @@ def test_a_finished_run_keeps_its_provenance_and_item_scores(
         "fewshot": config["fewshot_seed"],
     }
     assert provenance["taskHashes"] == written["task_hashes"]
+    assert len(json.dumps(provenance, separators=(",", ":"))) < 2048  # 1,029 bytes measured
     assert set(written["task_hashes"]) == {"sample_arith_mc", "sample_arith_gen"}
 
     pod = jobs.pod(final["podName"])
