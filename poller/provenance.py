@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from math import isfinite
 from typing import Any
 
 from driver.argv import redact_argv, redact_text
@@ -133,7 +134,8 @@ def _task_entry(
     entry: dict[str, Any] = {}
     version = _mapping(document.get("versions")).get(name)
     if isinstance(version, int | float) and not isinstance(version, bool):
-        entry["version"] = version if version == version else None  # NaN is not JSON
+        finite = _int(version) is not None or (isinstance(version, float) and isfinite(version))
+        entry["version"] = version if finite else None  # NaN and Infinity are not JSON
     elif _text(version) is not None:
         entry["version"] = version
     shots = _int(_mapping(document.get("n-shot")).get(name))

@@ -17,6 +17,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from driver.decoder import Outcome
 from driver.itemscores import ItemScores, TaskItems, docs_digest, metric_items
 from poller import api, provenance
@@ -174,7 +176,7 @@ def test_secrets_are_never_copied() -> None:
 
 def test_hostile_values_are_left_out() -> None:
     hostile = results_doc(
-        versions={"arc": True, "boolq": {"x": 1}, "copa": "v\x1b[31m"},
+        versions={"arc": True, "boolq": {"x": 1}, "copa": "v\x1b[31m", "piqa": float("inf")},
         **{"n-shot": {"arc": "5", "boolq": 2**70}},
         configs={"arc": {"dataset_path": ["a"], "dataset_name": "x" * 5000}, "boolq": "junk"},
         config={
@@ -201,7 +203,8 @@ def test_hostile_values_are_left_out() -> None:
     assert None is record.lm_eval_version is record.image is record.image_id
     assert record.tasks["arc"] == {}
     assert record.tasks["boolq"] == {}
-    assert "copa" in record.tasks and record.tasks["copa"] == {}
+    assert record.tasks["copa"] == record.tasks["piqa"] == {}
+    json.loads(record.document(), parse_constant=lambda name: pytest.fail(name))
     assert "bad\nname" not in record.tasks
     status = record.status_fields()
     assert status is not None
