@@ -7,8 +7,8 @@ on the raw answer and on its first word, like gsm8k's strict and flexible
 filters). The ``items`` markers must decode to exactly the values of
 lm_eval's samples files, each metric's mean must be lm_eval's aggregate in
 the results, the run directory's ``lmeval-items.json`` must be the same
-bytes, and the final marker must carry the versions, the argv and the ids
-the server's ``/v1/models`` lists.
+bytes, the final marker must carry the versions, the argv and the ids the
+server's ``/v1/models`` lists, and ``lmeval-driver decode`` prints a summary.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +220,20 @@ def test_a_model_server_that_is_gone_is_a_note_not_a_failure(
     assert run.decoded().items_error == (
         "no per-item scores: lm_eval wrote no samples (run it with --log_samples)"
     )
+
+
+def test_decode_prints_an_items_summary(items_run: DriverRun, lmeval_env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "driver", "decode"],
+        input=items_run.stdout,
+        capture_output=True,
+        env=lmeval_env,
+        check=True,
+    )
+    printed = json.loads(proc.stdout)
+    assert printed["items_error"] is None
+    assert printed["items"]["tasks"] == {
+        "items_gen": {"items": ROWS, "metrics": ["exact_match,first-word", "exact_match,whole"]},
+        "items_mc": {"items": ROWS, "metrics": ["acc,none", "acc_norm,none"]},
+    }
+    assert printed["outcome"]["server_models"] is not None
