@@ -140,6 +140,12 @@ __all__ = [
     "LIMIT_LENGTH_MAX",
     "MOUNT_PATH",
     "PLURAL",
+    "PROVENANCE_ARGV_MAX",
+    "PROVENANCE_ARG_MAX",
+    "PROVENANCE_HASH_MAX",
+    "PROVENANCE_MESSAGE_MAX",
+    "PROVENANCE_TASK_HASHES_MAX",
+    "PROVENANCE_TEXT_MAX",
     "QUALIFIED_NAME",
     "QUALIFIED_NAME_LENGTH_MAX",
     "QUANTITY",
@@ -169,6 +175,7 @@ __all__ = [
     "FileSecret",
     "GateStatus",
     "GitSource",
+    "ItemScoresStatus",
     "JobReason",
     "JobState",
     "KeyToPath",
@@ -195,6 +202,7 @@ __all__ = [
     "PodOverride",
     "PreferredSchedulingTerm",
     "Progress",
+    "Provenance",
     "PvcManaged",
     "Quantity",
     "RegressionGate",
@@ -202,6 +210,7 @@ __all__ = [
     "ResourceRequirements",
     "SecretKeyRef",
     "SecretVolumeRef",
+    "Seeds",
     "Sidecar",
     "SidecarEnv",
     "TaskSourceStatus",
@@ -511,6 +520,105 @@ class TaskSourceStatus(_Model):
     commit: str = Field(description="The commit checked out.")
 
 
+# status.provenance's bounds (every LIST of jobs carries it).
+PROVENANCE_TEXT_MAX = 512
+PROVENANCE_HASH_MAX = 128
+PROVENANCE_TASK_HASHES_MAX = 50
+PROVENANCE_ARG_MAX = 1024
+PROVENANCE_ARGV_MAX = 128
+PROVENANCE_MESSAGE_MAX = 1024
+
+
+class Seeds(_Model):
+    """The seeds lm_eval ran with (its results' config), each absent when it was not set."""
+
+    random: int | None = Field(default=None, description="Python's random seed.")
+    numpy: int | None = Field(default=None, description="NumPy's seed.")
+    torch: int | None = Field(default=None, description="torch's seed.")
+    fewshot: int | None = Field(default=None, description="The few-shot sampler's seed.")
+
+
+class Provenance(_Model):
+    """What identifies a run, as the pod and the driver reported it.
+
+    All of it comes from the job's pod (its log and results), except image
+    and imageID, which the kubelet reports; every value is bounded and
+    well-typed. The full record (every task's hash, dataset and version, the
+    documents' digests) is the results ConfigMap's provenance.json.
+    """
+
+    driver_version: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="The in-pod driver's version."
+    )
+    lm_eval_version: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="lm_eval's version, as installed in the image."
+    )
+    image: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="The main container's image, as the kubelet reports it."
+    )
+    image_id: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None,
+        alias="imageID",
+        description="The image the kubelet actually ran (its imageID, a digest on a real node).",
+    )
+    model: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="lm_eval's model type (--model), as its results record it."
+    )
+    model_name: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="The pretrained= (or model=) value of lm_eval's model_args."
+    )
+    server_models: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None,
+        description="API models: the ids the model server's /v1/models listed (comma-separated).",
+    )
+    seeds: Seeds | None = Field(default=None, description="lm_eval's seeds.")
+    task_hashes: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)],
+                Annotated[str, Field(max_length=PROVENANCE_HASH_MAX)],
+            ],
+            Field(max_length=PROVENANCE_TASK_HASHES_MAX),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="lm_eval's task_hashes (written with logSamples): a hash of every task's "
+        f"documents, prompts and targets. At most {PROVENANCE_TASK_HASHES_MAX} tasks, in name "
+        "order; provenance.json has them all.",
+    )
+    task_hashes_omitted: int | None = Field(
+        default=None, description="Tasks whose hash only provenance.json holds."
+    )
+    argv: (
+        Annotated[
+            list[Annotated[str, Field(max_length=PROVENANCE_ARG_MAX)]],
+            Field(max_length=PROVENANCE_ARGV_MAX),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="lm_eval's command line as the driver ran it, secrets redacted (shortened "
+        "when long: provenance.json has it whole).",
+    )
+
+
+class ItemScoresStatus(_Model):
+    """Where the run's per-item scores are kept, and how many there are."""
+
+    stored: Annotated[str, Field(pattern=r"^(ConfigMap|None)$")] = Field(
+        description="ConfigMap: in the results ConfigMap (items.json.gz); None: not kept."
+    )
+    tasks: int | None = Field(default=None, description="Tasks with per-item scores.")
+    items: int | None = Field(default=None, description="Documents, over all those tasks.")
+    bytes: int | None = Field(
+        default=None, description="Size of the per-item scores JSON (stored gzip'd)."
+    )
+    message: Annotated[str, Field(max_length=PROVENANCE_MESSAGE_MAX)] | None = Field(
+        default=None, description="Why they are not kept, or a note on them."
+    )
+
+
 class GateStatus(_Model):
     """The regression gate's last outcome (spec.gate), with the paired comparison's numbers."""
 
@@ -608,6 +716,15 @@ class LMEvalJobStatus(_Model):
         default=None,
         description="Why pushing the results to spec.outputs.oci failed (the job still "
         "succeeds with its results; condition ResultsPushed is False).",
+    )
+    provenance: Provenance | None = Field(
+        default=None,
+        description="What identifies the run: versions, image digest, model, seeds, task "
+        "hashes, argv (in full in the results ConfigMap's provenance.json).",
+    )
+    item_scores: ItemScoresStatus | None = Field(
+        default=None,
+        description="The per-item scores (logSamples) kept for paired comparisons.",
     )
     gate: GateStatus | None = Field(
         default=None,
