@@ -215,7 +215,7 @@ def test_the_gate_tells_a_regression_from_the_same_model(
     )
     assert jobs.status("gate-base")["reason"] == "Succeeded"
     wrong = worse.count("wrong-answers")
-    assert 0.2 * ITEMS < wrong < 0.4 * ITEMS, wrong
+    assert 0.15 * ITEMS < wrong < 0.45 * ITEMS, wrong
 
     regressed, same = done["gate-worse"], done["gate-same"]
     assert regressed["reason"] == same["reason"] == "Succeeded"  # the gate is not the outcome
@@ -265,8 +265,10 @@ def test_the_gate_tells_a_regression_from_the_same_model(
     wide = control_plane.kubectl("get", "-n", jobs.namespace, ref, "-o", "wide").stdout
     header, *rows = wide.splitlines()
     column = header.index("REGRESSED")
-    shown = {row.split()[0]: row[column:].split()[0] for row in rows}
-    assert (shown["gate-worse"], shown["gate-same"]) == ("True", "False"), wide
+    shown = {row.split()[0]: (row[column:].split() or [""])[0] for row in rows}
+    assert (shown["gate-worse"], shown["gate-same"], shown["gate-base"]) == ("True", "False", ""), (
+        wide
+    )
 
     # A final verdict is kept: further cycles write nothing for these jobs.
     before = {name: jobs.get(name)["metadata"]["resourceVersion"] for name in done}
