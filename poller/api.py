@@ -126,6 +126,7 @@ __all__ = [
     "ARG_VALUE",
     "BATCH_SIZE",
     "DATA_KEY",
+    "DEFAULT_GATE_METRIC",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
     "ENV_NAME",

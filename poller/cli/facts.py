@@ -169,6 +169,17 @@ def _pairs(items: Any) -> str:
     return ",".join(f"{i.get('name')}={i.get('value')}" for i in items or [] if isinstance(i, dict))
 
 
+def _gate_text(gate: Any) -> str:
+    """spec.gate in one line, with the API's defaults filled in."""
+    if not isinstance(gate, dict):
+        return ""
+    higher = "" if gate.get("higherIsBetter", True) else ", lower is better"
+    return (
+        f"{gate.get('task')} {gate.get('metric') or api.DEFAULT_GATE_METRIC}: regressed if it "
+        f"drops by more than {gate.get('maxDrop', 0)} with p < {gate.get('alpha', 0.05)}{higher}"
+    )
+
+
 def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) lines that describe what the job evaluates, set fields only."""
     the_spec = spec(job)
@@ -196,6 +207,8 @@ def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
                 for e in the_spec.get("envSecrets") or []
             ),
         ),
+        ("Baseline", the_spec.get("baseline")),
+        ("Gate", _gate_text(the_spec.get("gate"))),
         ("Deadline", the_spec.get("activeDeadlineSeconds")),
         ("TTL after finished", the_spec.get("ttlSecondsAfterFinished")),
         ("Suspend", the_spec.get("suspend")),
