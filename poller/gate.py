@@ -228,6 +228,16 @@ def _task_items(read: ItemsRead | None, task: str, who: str) -> TaskItems | str:
     return found
 
 
+def _noted(read: ItemsRead, job: JobView | None) -> ItemsRead:
+    """`read`, its problem completed by what the job's status says of its items
+    (status.itemScores: e.g. too large to keep, or none in the run)."""
+    kept = job.status.item_scores if job is not None else None
+    if read.encoded is not None or kept is None or not kept.message:
+        return read
+    problem = "; ".join(part for part in (read.problem, kept.message) if part)
+    return ItemsRead(problem=problem[:600])
+
+
 def _number(value: float | None) -> float | None:
     """A finite float for status (JSON has no NaN), else None."""
     if value is None or not math.isfinite(value):
@@ -273,8 +283,8 @@ def decide_gate(job: JobView, view: GateView) -> GateOutcome | None:
         return GateOutcome(None, reason, message, _unknown(start, reason, final))
     if view.own is None or view.base is None:
         return None  # the scores were not read this cycle
-    own = _task_items(view.own, gate.task, "this job")
-    theirs = _task_items(view.base, gate.task, f"baseline {name}")
+    own = _task_items(_noted(view.own, job), gate.task, "this job")
+    theirs = _task_items(_noted(view.base, view.baseline), gate.task, f"baseline {name}")
     if isinstance(own, str) or isinstance(theirs, str):
         message = "; ".join(p for p in (theirs, own) if isinstance(p, str))
         if isinstance(theirs, str):

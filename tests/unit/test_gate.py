@@ -227,6 +227,17 @@ def test_a_baseline_without_items_says_how_to_get_them() -> None:
     assert outcome.fields.final
 
 
+def test_the_baselines_status_says_why_it_kept_no_items() -> None:
+    noted = view(
+        "base",
+        uid="uid-b",
+        status={**SUCCEEDED, "itemScores": {"stored": "None", "message": "too large to keep"}},
+    )
+    problem = ItemsRead(problem="ConfigMap base-results has no items.json.gz")
+    outcome = decided(candidate(), GateView(noted, own=read(RIGHT), base=problem))
+    assert "(ConfigMap base-results has no items.json.gz; too large to keep)" in outcome.message
+
+
 def test_this_job_without_items_is_named_too() -> None:
     outcome = decided(
         candidate(), GateView(baseline(), own=ItemsRead(problem="no ConfigMap"), base=read(RIGHT))
