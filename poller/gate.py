@@ -93,6 +93,9 @@ class ItemsRead:
     problem: str | None = None
     results: str | None = None
     results_packed: bool = False
+    # The read itself failed (the API refused it): the outcome is not final,
+    # the next cycle reads again.
+    retry: bool = False
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,7 @@ def _noted(read: ItemsRead, job: JobView | None) -> ItemsRead:
     if read.encoded is not None or kept is None or not kept.message:
         return read
     problem = "; ".join(part for part in (read.problem, kept.message) if part)
-    return ItemsRead(problem=problem[:600])
+    return ItemsRead(problem=problem[:600], retry=read.retry)
 
 
 def _number(value: float | None) -> float | None:
@@ -292,7 +295,8 @@ def decide_gate(job: JobView, view: GateView) -> GateOutcome | None:
                 f"; run baseline {name} with spec.logSamples: true (or spec.gate) so that "
                 "its per-item scores are kept"
             )
-        return GateOutcome(None, NO_ITEM_SCORES, message, _unknown(start, NO_ITEM_SCORES, True))
+        final = not (view.own.retry or view.base.retry)
+        return GateOutcome(None, NO_ITEM_SCORES, message, _unknown(start, NO_ITEM_SCORES, final))
     return _compared(theirs, own, gate, start, (_results_of(view.base), _results_of(view.own)))
 
 

@@ -246,7 +246,8 @@ class Observer:
         except ApiError as error:
             if error.transient:
                 raise
-            return ItemsRead(problem=f"ConfigMap {configmap} cannot be read: {error}"[:500])
+            problem = f"ConfigMap {configmap} cannot be read: {error}"[:500]
+            return ItemsRead(problem=problem, retry=True)
         except ValueError as error:  # larger than any results ConfigMap the poller writes
             return ItemsRead(problem=str(error))
         if found is None:

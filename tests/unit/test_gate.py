@@ -238,6 +238,13 @@ def test_the_baselines_status_says_why_it_kept_no_items() -> None:
     assert "(ConfigMap base-results has no items.json.gz; too large to keep)" in outcome.message
 
 
+def test_a_refused_read_is_not_final() -> None:
+    refused = ItemsRead(problem="ConfigMap base-results cannot be read: 403", retry=True)
+    outcome = decided(candidate(), GateView(baseline(), own=read(RIGHT), base=refused))
+    assert outcome.reason == gate.NO_ITEM_SCORES and not outcome.fields.final
+    assert gate.needs_items(_with_outcome(candidate(), outcome), GateView(baseline()))
+
+
 def test_this_job_without_items_is_named_too() -> None:
     outcome = decided(
         candidate(), GateView(baseline(), own=ItemsRead(problem="no ConfigMap"), base=read(RIGHT))
