@@ -31,6 +31,7 @@ __all__ = [
     "EVENT_CANCELLED",
     "EVENT_COMPLETED",
     "EVENT_FAILED",
+    "EVENT_ITEMS",
     "EVENT_PROGRESS",
     "EVENT_RESULTS",
     "EVENT_STARTED",
@@ -68,6 +69,7 @@ EXIT_DRIVER_ERROR = 72
 EVENT_STARTED: Final = "started"
 EVENT_PROGRESS: Final = "progress"
 EVENT_RESULTS: Final = "results"
+EVENT_ITEMS: Final = "items"  # per-item scores (driver.itemscores), chunked like results
 EVENT_COMPLETED: Final = "completed"
 EVENT_FAILED: Final = "failed"
 EVENT_CANCELLED: Final = "cancelled"

@@ -27,26 +27,27 @@ from driver.boundedjson import UntrustedJsonError, parse_untrusted_json
 from driver.protocol import (
     CRI_LINE_RE,
     EVENT_COMPLETED,
+    EVENT_ITEMS,
     EVENT_PROGRESS,
     EVENT_RESULTS,
     EVENT_STARTED,
+    ITEMS_LIMITS,
     MARKER_JSON_LIMITS,
     MARKER_PREFIX,
-    MAX_ENCODED_RESULTS_CHARS,
     MAX_EVENT_CHARS,
     MAX_EVENTS,
     MAX_LINE_CHARS,
     MAX_MARKER_CHARS,
-    MAX_RESULTS_BYTES,
-    MAX_RESULTS_CHUNKS,
     RESULTS_ENCODING,
+    RESULTS_LIMITS,
+    ChunkLimits,
     FinalFields,
     ResultsChunkFields,
+    log_problem,
     marker_event,
     parse_results_json,
     read_complete_fields,
     read_fields,
-    results_log_problem,
 )
 
 __all__ = [
@@ -114,13 +115,34 @@ class DecodedLog:
             "last_progress": self.last_progress,
             "started": self.started,
             "dropped_events": self.dropped_events,
+            "items": None if self.items is None else _items_summary(self.items),
+            "items_error": self.items_error,
         }
 
 
-@dataclass
-class _ResultsSet:
-    """Chunks of one results file, identified by (run_id, sha256, total, size)."""
+def _items_summary(raw: bytes) -> dict[str, Any]:
+    """What ``decode`` prints of the per-item scores: their size and shape, not their bytes."""
+    from driver.itemscores import decode_item_scores
 
+    summary: dict[str, Any] = {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    try:
+        scores = decode_item_scores(raw)
+    except ValueError as exc:
+        summary["error"] = str(exc)
+        return summary
+    summary["tasks"] = {
+        name: {"items": len(task.doc_ids), "metrics": sorted(task.metrics)}
+        for name, task in scores.tasks.items()
+    }
+    summary["skipped"] = {name: list(reasons) for name, reasons in scores.skipped.items()}
+    return summary
+
+
+@dataclass
+class _ChunkSet:
+    """Chunks of one payload (results, items), identified by (run_id, sha256, total, size)."""
+
+    limits: ChunkLimits
     key: tuple[str, str, int, int]
     chunks: dict[int, str] = field(default_factory=dict)
     encoded_chars: int = 0
@@ -131,17 +153,17 @@ class _ResultsSet:
         return self.key[2]
 
 
-def _describe_missing(seen: Iterable[int], total: int) -> str:
-    # total <= MAX_RESULTS_CHUNKS (the decoder refuses larger sets first).
+def _describe_missing(seen: Iterable[int], total: int, event: str) -> str:
+    # total <= the set's max_chunks (the decoder refuses larger sets first).
     have = set(seen)
     count = f"({len(have)} of {total} chunks seen)"
     if 1 not in have:
-        return f"log starts after the first results chunk {count}"
+        return f"log starts after the first {event} chunk {count}"
     if total not in have:
-        return f"log ends before the last results chunk {count}"
+        return f"log ends before the last {event} chunk {count}"
     missing = [seq for seq in range(1, total + 1) if seq not in have]
     shown = ", ".join(str(m) for m in missing[:5]) + (", ..." if len(missing) > 5 else "")
-    return f"results chunks missing: {shown} {count}"
+    return f"{event} chunks missing: {shown} {count}"
 
 
 class LogDecoder:
@@ -163,7 +185,8 @@ class LogDecoder:
         self._started: dict[str, Any] | None = None
         self._last_progress: dict[str, Any] | None = None
         self._final: dict[str, Any] | None = None
-        self._results_set: _ResultsSet | None = None
+        # The newest set of chunks of each chunked event (results, items).
+        self._sets: dict[str, _ChunkSet] = {}
         self._corrupt: str | None = None
         # Partial (runtime-split) stdout line of a CRI log; None when there is
         # none, "" parts are legal. Over-long partials are dropped whole.
@@ -233,7 +256,10 @@ class LogDecoder:
         if event is None:
             return
         if event == EVENT_RESULTS:
-            self._add_chunk(body)
+            self._add_chunk(body, RESULTS_LIMITS)
+            return
+        if event == EVENT_ITEMS:
+            self._add_chunk(body, ITEMS_LIMITS)
             return
         if len(text) > MAX_MARKER_CHARS:
             return  # only results markers are long
@@ -272,7 +298,8 @@ class LogDecoder:
             self._events = kept
         self._event_chars = chars
 
-    def _add_chunk(self, body: dict[str, Any]) -> None:
+    def _add_chunk(self, body: dict[str, Any], limits: ChunkLimits) -> None:
+        # Items chunks have the results chunks' shape (payloads.ItemsChunkFields).
         chunk = read_complete_fields(body, ResultsChunkFields)
         if chunk is None or chunk["encoding"] != RESULTS_ENCODING:
             return
@@ -280,25 +307,25 @@ class LogDecoder:
         if not 1 <= seq <= total:
             return
         key = (chunk["run_id"], chunk["sha256"], total, size)
-        current = self._results_set
+        current = self._sets.get(limits.event)
         if current is None or current.key != key:
-            # A new results set replaces the previous one: the newest results
+            # A new set replaces the previous one: the newest results (items)
             # in a log win, never an older complete set (that would be stale).
-            current = self._results_set = _ResultsSet(key)
-            if total > MAX_RESULTS_CHUNKS:
+            current = self._sets[limits.event] = _ChunkSet(limits, key)
+            if total > limits.max_chunks:
                 current.error = (
-                    f"a results set of {total} chunks exceeds the {MAX_RESULTS_CHUNKS} chunk "
-                    f"limit ({MAX_ENCODED_RESULTS_CHARS} encoded characters)"
+                    f"a {limits.what} set of {total} chunks exceeds the {limits.max_chunks} "
+                    f"chunk limit ({limits.max_encoded_chars} encoded characters)"
                 )
-            elif size > MAX_RESULTS_BYTES:
-                current.error = results_log_problem(size, 0)
+            elif size > limits.max_bytes:
+                current.error = log_problem(limits, size, 0)
         if current.error is not None:
             return
         previous = current.chunks.get(seq)
         current.encoded_chars += len(data) - (len(previous) if previous is not None else 0)
-        if current.encoded_chars > MAX_ENCODED_RESULTS_CHARS:
+        if current.encoded_chars > limits.max_encoded_chars:
             current.error = (
-                f"encoded results exceed the {MAX_ENCODED_RESULTS_CHARS} character limit"
+                f"encoded {limits.what} exceed the {limits.max_encoded_chars} character limit"
             )
             current.chunks.clear()
             return
@@ -312,6 +339,7 @@ class LogDecoder:
             results, error = self._results()
             if results is None and self._corrupt is not None:
                 error = f"{self._corrupt}; {error}"
+            items, items_error = self._items()
             return DecodedLog(
                 events=[body for body, _ in self._events],
                 results=results,
@@ -320,6 +348,8 @@ class LogDecoder:
                 last_progress=self._last_progress,
                 started=self._started,
                 dropped_events=self._dropped,
+                items=items,
+                items_error=items_error,
             )
         except Exception as error:  # MemoryError, or a bug: say so, never raise
             return DecodedLog(
@@ -357,23 +387,59 @@ class LogDecoder:
         )
 
     def _results(self) -> tuple[dict[str, Any] | None, str | None]:
-        final = self._final
-        current = self._results_set
+        current = self._sets.get(EVENT_RESULTS)
         if current is None:
-            return None, self._no_chunks_reason(final)
+            return None, self._no_chunks_reason(self._final)
+        raw, error = self._payload(current, "results_sha256")
+        if raw is None:
+            return None, error
+        try:
+            return parse_results_json(raw), None
+        except UntrustedJsonError as exc:
+            return None, f"results are not usable: {exc}"
+
+    def _items(self) -> tuple[bytes | None, str | None]:
+        current = self._sets.get(EVENT_ITEMS)
+        if current is None:
+            return None, self._no_items_reason(self._final)
+        return self._payload(current, "items_sha256")
+
+    def _payload(self, current: _ChunkSet, checksum_key: str) -> tuple[bytes | None, str | None]:
+        """The verified bytes of a complete set, or why there are none."""
         if current.error is not None:
             return None, current.error
+        event = current.limits.event
         if len(current.chunks) < current.total:
-            return None, _describe_missing(current.chunks, current.total)
+            return None, _describe_missing(current.chunks, current.total, event)
         _run_id, digest, _total, size = current.key
+        final = self._final
         if final is not None and marker_event(final) == EVENT_COMPLETED:
-            expected = read_fields(final, FinalFields).get("results_sha256")
-            if expected is not None and expected != digest:
+            expected = read_fields(final, FinalFields).get(checksum_key)
+            if isinstance(expected, str) and expected != digest:
                 return None, (
-                    "the results chunks in the log do not belong to the completed run "
+                    f"the {event} chunks in the log do not belong to the completed run "
                     f"(sha256 {digest[:12]}... != {expected[:12]}...)"
                 )
         return _assemble(current, digest, size)
+
+    @staticmethod
+    def _no_items_reason(final: dict[str, Any] | None) -> str:
+        if final is None:
+            return "no items markers in the log (run not finished, or log starts after them)"
+        event = marker_event(final)
+        if event != EVENT_COMPLETED:
+            return f"no per-item scores: the run ended with '{event}'"
+        fields = read_fields(final, FinalFields)
+        note = fields.get("items_note")
+        if note:
+            return note
+        chunks = fields.get("items_chunks")
+        if chunks:
+            return (
+                f"log starts after the items chunks ({chunks} expected): "
+                "only the completed marker is present"
+            )
+        return "no per-item scores: lm_eval wrote no samples (run it with --log_samples)"
 
     @staticmethod
     def _no_chunks_reason(final: dict[str, Any] | None) -> str:
@@ -391,17 +457,16 @@ class LogDecoder:
         return f"log starts after the results chunks{extra}: only the completed marker is present"
 
 
-def _assemble(
-    current: _ResultsSet, digest: str, size: int
-) -> tuple[dict[str, Any] | None, str | None]:
-    """Join, decode, decompress (bounded) and verify one complete results set."""
+def _assemble(current: _ChunkSet, digest: str, size: int) -> tuple[bytes | None, str | None]:
+    """Join, decode, decompress (bounded) and verify one complete set."""
+    event = current.limits.event
     text = "".join(current.chunks[i] for i in range(1, current.total + 1))
     try:
         compressed = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        return None, "results chunks are not valid base64 (corrupt log)"
+        return None, f"{event} chunks are not valid base64 (corrupt log)"
     del text
-    problem = results_log_problem(size, len(compressed))
+    problem = log_problem(current.limits, size, len(compressed))
     if problem is not None:
         return None, problem
     inflater = zlib.decompressobj()
@@ -410,15 +475,12 @@ def _assemble(
         # passed the absolute and the ratio limits above.
         raw = inflater.decompress(compressed, size + 1)
     except zlib.error as exc:
-        return None, f"results chunks do not decompress ({exc}): corrupt log"
+        return None, f"{event} chunks do not decompress ({exc}): corrupt log"
     if len(raw) > size or inflater.unconsumed_tail:
-        return None, f"results inflate to more than the {size} bytes they declare"
+        return None, f"{event} inflate to more than the {size} bytes they declare"
     if len(raw) != size or hashlib.sha256(raw).hexdigest() != digest:
-        return None, "results checksum mismatch (corrupt or mixed-up chunks)"
-    try:
-        return parse_results_json(raw), None
-    except UntrustedJsonError as exc:
-        return None, f"results are not usable: {exc}"
+        return None, f"{event} checksum mismatch (corrupt or mixed-up chunks)"
+    return raw, None
 
 
 def decode_lines(lines: Iterable[str]) -> DecodedLog:

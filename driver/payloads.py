@@ -18,6 +18,7 @@ from typing import Any, NotRequired, TypedDict, TypeVar
 __all__ = [
     "FinalDetails",
     "FinalFields",
+    "ItemsChunkFields",
     "ProgressFields",
     "ResultsChunkFields",
     "StartedFields",
@@ -80,6 +81,14 @@ class ResultsChunkFields(TypedDict):
     size: int  # uncompressed bytes
     encoding: str
     data: str
+
+
+class ItemsChunkFields(ResultsChunkFields):
+    """``items``: chunk `seq` of `total` of the zlib+base64 per-item scores.
+
+    The same shape as a results chunk (one encoder writes both); the payload
+    is `driver.itemscores` JSON, its sha256 and size those of that JSON.
+    """
 
 
 class FinalDetails(TypedDict, total=False):

@@ -41,7 +41,7 @@ import re
 import signal
 import zlib
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from driver.boundedjson import JsonLimits, UntrustedJsonError, parse_untrusted_json
 from driver.contract import (
@@ -57,6 +57,7 @@ from driver.contract import (
     EVENT_CANCELLED,
     EVENT_COMPLETED,
     EVENT_FAILED,
+    EVENT_ITEMS,
     EVENT_PROGRESS,
     EVENT_RESULTS,
     EVENT_STARTED,
@@ -84,6 +85,7 @@ from driver.contract import (
 from driver.payloads import (
     FinalDetails,
     FinalFields,
+    ItemsChunkFields,
     ProgressFields,
     ResultsChunkFields,
     StartedFields,
@@ -106,6 +108,7 @@ __all__ = [
     "EVENT_CANCELLED",
     "EVENT_COMPLETED",
     "EVENT_FAILED",
+    "EVENT_ITEMS",
     "EVENT_PROGRESS",
     "EVENT_RESULTS",
     "EVENT_STARTED",
@@ -114,14 +117,23 @@ __all__ = [
     "EXIT_NO_RESULTS",
     "EXIT_OK",
     "FINAL_EVENTS",
+    "ITEMS_LIMITS",
+    "ITEMS_RATIO_FLOOR",
     "KNOWN_EVENTS",
     "MARKER_JSON_LIMITS",
     "MARKER_PREFIX",
+    "MAX_ARGUMENT_CHARS",
+    "MAX_ARGV_CHARS",
+    "MAX_ARGV_ITEMS",
+    "MAX_COMPRESSED_ITEMS_BYTES",
     "MAX_COMPRESSED_RESULTS_BYTES",
+    "MAX_ENCODED_ITEMS_CHARS",
     "MAX_ENCODED_RESULTS_CHARS",
     "MAX_EVENTS",
     "MAX_EVENT_CHARS",
     "MAX_INFLATE_RATIO",
+    "MAX_ITEMS_BYTES",
+    "MAX_ITEMS_CHUNKS",
     "MAX_LINE_CHARS",
     "MAX_MARKER_CHARS",
     "MAX_MARKER_DEPTH",
@@ -147,20 +159,27 @@ __all__ = [
     "RESULTS_CHUNK_CHARS",
     "RESULTS_ENCODING",
     "RESULTS_JSON_LIMITS",
+    "RESULTS_LIMITS",
+    "ChunkLimits",
     "FinalDetails",
     "FinalEvent",
     "FinalFields",
+    "ItemsChunkFields",
     "ProgressFields",
     "ResultsChunkFields",
     "StartedFields",
     "TaskSourceFields",
+    "bounded_argv",
     "driver_command",
+    "encode_chunks",
     "encode_final",
+    "encode_items",
     "encode_marker",
     "encode_progress",
     "encode_results",
     "encode_started",
     "fetch_s3_argv",
+    "log_problem",
     "marker_event",
     "neutralize",
     "parse_results_json",
@@ -178,7 +197,7 @@ PROTOCOL_VERSION = 1
 
 FinalEvent = Literal["completed", "failed", "cancelled"]
 FINAL_EVENTS = frozenset({EVENT_COMPLETED, EVENT_FAILED, EVENT_CANCELLED})
-KNOWN_EVENTS = frozenset({EVENT_STARTED, EVENT_PROGRESS, EVENT_RESULTS}) | FINAL_EVENTS
+KNOWN_EVENTS = frozenset({EVENT_STARTED, EVENT_PROGRESS, EVENT_RESULTS, EVENT_ITEMS}) | FINAL_EVENTS
 
 # Base64 characters per results marker. The marker line stays near 32 KiB,
 # well under the 64 KiB that some log shippers cap lines at; the container
@@ -210,12 +229,40 @@ MAX_RESULTS_JSON_DEPTH = 64
 MAX_RESULTS_JSON_ELEMENTS = 200_000
 # A results marker: one chunk plus its fields (run_id, sha256, sizes).
 MAX_RESULTS_MARKER_CHARS = RESULTS_CHUNK_CHARS + 1024
+# Per-item scores (``items`` markers, driver.itemscores JSON), sent after the
+# results. Their chunks must fit the poller's narrow results window with the
+# results' own (see poller.outcome.RESULTS_TAIL_LINES): that window, 16 KiB
+# per runtime line, must fit a results read's 2 MiB, which leaves room for 4
+# chunks, 96,000 compressed bytes. In items: a 0/1 metric is one bit per
+# document before compression (base64 and zlib roughly cancel out), so about
+# 750,000 binary values; any other metric is 8 bytes per document before
+# compression, about 3-4 after (the high bytes of small numbers are zeros),
+# so some 25,000 fixed-point values (tests/bench/bench_items.py measures it).
+# Larger item sets stay in the run directory's lmeval-items.json.
+MAX_ITEMS_CHUNKS = 4
+MAX_ENCODED_ITEMS_CHARS = MAX_ITEMS_CHUNKS * RESULTS_CHUNK_CHARS
+MAX_COMPRESSED_ITEMS_BYTES = MAX_ENCODED_ITEMS_CHARS * 3 // 4
+# Uncompressed, what driver.itemscores decodes at most.
+MAX_ITEMS_BYTES = 8 * 1024 * 1024
+# Below this size any compression ratio is accepted for items: a metric that
+# is 0 (or 1) for every document is a run of one base64 letter, which zlib
+# shrinks far beyond MAX_INFLATE_RATIO, and inflating 1 MiB is cheap.
+ITEMS_RATIO_FLOOR = 1024 * 1024
 # Any other marker: the driver caps its messages at 1000 characters and its
-# phases at 160; the started marker's argv is the longest (a few KB).
-MAX_MARKER_CHARS = 16 * 1024
-# And its JSON: flat objects, argv one list deep.
+# phases at 160. The final marker is the longest: with task sources, a long
+# argv (bounded by `bounded_argv`), lm_eval's last line and the notes, it can
+# pass 16 KiB; the driver shrinks it to fit this limit (`encode_final`).
+MAX_MARKER_CHARS = 32 * 1024
+# And its JSON: flat objects, argv and task sources one list deep. 64 task
+# sources are 320 elements, an argv at most MAX_ARGV_ITEMS, the fields ~80.
 MAX_MARKER_DEPTH = 4
-MAX_MARKER_ELEMENTS = 128
+MAX_MARKER_ELEMENTS = 1024
+# The argv that started and final markers carry: lm_eval's command line, with
+# at most this many arguments and this much JSON text (longer ones end with
+# a note of what was left out). A poller-built command is ~20 arguments, 1 KB.
+MAX_ARGV_ITEMS = 256
+MAX_ARGV_CHARS = 8 * 1024
+MAX_ARGUMENT_CHARS = 2048
 # Lines longer than this are never markers; the decoder skips them unread.
 MAX_LINE_CHARS = MAX_RESULTS_MARKER_CHARS
 # Events kept by the decoder (count, and marker characters): beyond them the
@@ -224,6 +271,40 @@ MAX_LINE_CHARS = MAX_RESULTS_MARKER_CHARS
 # bound. The kept list may reach twice these before it is compacted.
 MAX_EVENTS = 500
 MAX_EVENT_CHARS = 1024 * 1024
+
+
+class ChunkLimits(NamedTuple):
+    """What one chunked payload (results, per-item scores) may be in the log."""
+
+    what: str  # how messages name it
+    event: str
+    max_bytes: int  # uncompressed
+    max_compressed: int
+    max_chunks: int
+    ratio_floor: int  # uncompressed sizes up to this pass any compression ratio
+
+    @property
+    def max_encoded_chars(self) -> int:
+        """The base64 text the decoder buffers for one set."""
+        return self.max_compressed * 4 // 3
+
+
+RESULTS_LIMITS = ChunkLimits(
+    "results",
+    EVENT_RESULTS,
+    MAX_RESULTS_BYTES,
+    MAX_COMPRESSED_RESULTS_BYTES,
+    MAX_RESULTS_CHUNKS,
+    0,
+)
+ITEMS_LIMITS = ChunkLimits(
+    "per-item scores",
+    EVENT_ITEMS,
+    MAX_ITEMS_BYTES,
+    MAX_COMPRESSED_ITEMS_BYTES,
+    MAX_ITEMS_CHUNKS,
+    ITEMS_RATIO_FLOOR,
+)
 
 RESULTS_JSON_LIMITS = JsonLimits(
     max_bytes=MAX_RESULTS_BYTES,
@@ -271,8 +352,60 @@ def encode_progress(fields: ProgressFields) -> str:
 
 
 def encode_final(event: FinalEvent, fields: FinalFields) -> str:
-    """The final marker line: ``completed``, ``failed`` or ``cancelled``."""
-    return encode_marker(event, **fields)
+    """The final marker line: ``completed``, ``failed`` or ``cancelled``.
+
+    Never longer than MAX_MARKER_CHARS (the decoder would skip it): a marker
+    over the limit loses its argv first, then has its free texts shortened.
+    """
+    line = encode_marker(event, **fields)
+    if len(line) <= MAX_MARKER_CHARS:
+        return line
+    shrunk: dict[str, Any] = dict(fields)
+    if "argv" in shrunk:
+        shrunk["argv"] = ["(argv left out: the final marker was too long; see the started marker)"]
+        line = encode_marker(event, **shrunk)
+    for cap in (500, 100):
+        if len(line) <= MAX_MARKER_CHARS:
+            break
+        for key in _FREE_TEXTS:
+            value = shrunk.get(key)
+            if isinstance(value, str) and len(value) > cap:
+                shrunk[key] = value[:cap] + "..."
+        line = encode_marker(event, **shrunk)
+    if len(line) > MAX_MARKER_CHARS:  # only task sources left: drop them
+        shrunk.pop("task_sources", None)
+        line = encode_marker(event, **shrunk)
+    return line
+
+
+# The final marker's texts that may be shortened, in no particular order.
+_FREE_TEXTS = (
+    "message",
+    "last_line",
+    "results_note",
+    "items_note",
+    "results_artifact_error",
+    "results_path",
+    "results_file",
+    "items_path",
+    "server_models",
+)
+
+
+def bounded_argv(argv: list[str]) -> list[str]:
+    """`argv` within MAX_ARGV_ITEMS and MAX_ARGV_CHARS (of ASCII JSON), saying what was cut."""
+    kept: list[str] = []
+    chars = 2
+    for index, argument in enumerate(argv):
+        if len(argument) > MAX_ARGUMENT_CHARS:
+            argument = argument[: MAX_ARGUMENT_CHARS // 2] + f"... ({len(argument)} characters)"
+        size = len(json.dumps(argument)) + 1
+        if index >= MAX_ARGV_ITEMS - 1 or chars + size > MAX_ARGV_CHARS - 64:
+            kept.append(f"... ({len(argv) - index} more arguments)")
+            break
+        kept.append(argument)
+        chars += size
+    return kept
 
 
 def encode_marker(event: str, **fields: Any) -> str:
@@ -304,39 +437,45 @@ def neutralize(line: str) -> str:
     return line
 
 
-def results_log_problem(size: int, compressed_size: int) -> str | None:
-    """Why results of `size` bytes, `compressed_size` compressed, cannot travel in the log.
+def log_problem(limits: ChunkLimits, size: int, compressed_size: int) -> str | None:
+    """Why a payload of `size` bytes, `compressed_size` compressed, cannot travel in the log.
 
-    The driver asks before it writes results markers (and then says where the
+    The driver asks before it writes the markers (and then says where the
     file is instead); the decoder asks again of what a log declares.
     """
-    if size > MAX_RESULTS_BYTES:
-        return f"results of {size} bytes exceed the {MAX_RESULTS_BYTES} byte limit"
-    if compressed_size > MAX_COMPRESSED_RESULTS_BYTES:
+    what = limits.what
+    if size > limits.max_bytes:
+        return f"{what} of {size} bytes exceed the {limits.max_bytes} byte limit"
+    if compressed_size > limits.max_compressed:
         return (
-            f"compressed results of {compressed_size} bytes exceed the "
-            f"{MAX_COMPRESSED_RESULTS_BYTES} byte limit"
+            f"compressed {what} of {compressed_size} bytes exceed the "
+            f"{limits.max_compressed} byte limit"
         )
-    if size > MAX_INFLATE_RATIO * compressed_size:
+    if size > limits.ratio_floor and size > MAX_INFLATE_RATIO * compressed_size:
         return (
-            f"results of {size} bytes from {compressed_size} compressed bytes exceed the "
+            f"{what} of {size} bytes from {compressed_size} compressed bytes exceed the "
             f"{MAX_INFLATE_RATIO}:1 compression ratio limit"
         )
     return None
 
 
-def encode_results(results_json: bytes, run_id: str) -> list[str]:
-    """Encode a results file as ``results`` marker lines (zlib, base64, chunked).
+def results_log_problem(size: int, compressed_size: int) -> str | None:
+    """`log_problem` for results."""
+    return log_problem(RESULTS_LIMITS, size, compressed_size)
 
-    Raises ValueError (saying why) for results the decoder would refuse.
+
+def encode_chunks(payload: bytes, run_id: str, limits: ChunkLimits) -> list[str]:
+    """Encode `payload` as `limits.event` marker lines (zlib, base64, chunked).
+
+    Raises ValueError (saying why) for a payload the decoder would refuse.
     """
-    if len(results_json) > MAX_RESULTS_BYTES:  # not even worth compressing
-        raise ValueError(results_log_problem(len(results_json), 0))
-    compressed = zlib.compress(results_json, 6)
-    problem = results_log_problem(len(results_json), len(compressed))
+    if len(payload) > limits.max_bytes:  # not even worth compressing
+        raise ValueError(log_problem(limits, len(payload), 0))
+    compressed = zlib.compress(payload, 6)
+    problem = log_problem(limits, len(payload), len(compressed))
     if problem is not None:
         raise ValueError(problem)
-    digest = hashlib.sha256(results_json).hexdigest()
+    digest = hashlib.sha256(payload).hexdigest()
     text = base64.b64encode(compressed).decode("ascii")
     pieces = [text[i : i + RESULTS_CHUNK_CHARS] for i in range(0, len(text), RESULTS_CHUNK_CHARS)]
     chunks: list[ResultsChunkFields] = [
@@ -345,13 +484,23 @@ def encode_results(results_json: bytes, run_id: str) -> list[str]:
             "run_id": run_id,
             "total": len(pieces),
             "sha256": digest,
-            "size": len(results_json),
+            "size": len(payload),
             "encoding": RESULTS_ENCODING,
             "data": piece,
         }
         for seq, piece in enumerate(pieces, start=1)
     ]
-    return [encode_marker(EVENT_RESULTS, **chunk) for chunk in chunks]
+    return [encode_marker(limits.event, **chunk) for chunk in chunks]
+
+
+def encode_results(results_json: bytes, run_id: str) -> list[str]:
+    """Encode a results file as ``results`` marker lines (see `encode_chunks`)."""
+    return encode_chunks(results_json, run_id, RESULTS_LIMITS)
+
+
+def encode_items(items_json: bytes, run_id: str) -> list[str]:
+    """Encode `driver.itemscores` JSON as ``items`` marker lines (see `encode_chunks`)."""
+    return encode_chunks(items_json, run_id, ITEMS_LIMITS)
 
 
 def parse_results_json(raw: bytes | str) -> dict[str, Any]:

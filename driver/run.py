@@ -39,6 +39,7 @@ from driver.contract import (
     EXIT_OK,
     OPT_OUTPUT_ROOT,
 )
+from driver.provenance import read_task_sources
 
 if TYPE_CHECKING:  # the protocol module is imported once the child runs
     from driver.protocol import (
@@ -158,35 +159,6 @@ def find_results(run_dir: str) -> str | None:
     return max(found)[1] if found else None
 
 
-_COMMIT_SUFFIX = ".commit"
-_COMMIT_CHARS = frozenset("0123456789abcdef")
-# A name is a file's stem (the poller writes indices); the markers stay small.
-_MAX_TASK_SOURCES = 64
-
-
-def read_task_sources(directory: str) -> list[TaskSourceFields] | str:
-    """The commit of each ``<name>.commit`` file in `directory`, by name; or why not."""
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(_COMMIT_SUFFIX))
-    except OSError as exc:
-        return f"cannot read the task sources in {directory}: {exc}"
-    if len(names) > _MAX_TASK_SOURCES:
-        return f"{len(names)} task sources in {directory}, at most {_MAX_TASK_SOURCES}"
-    sources: list[TaskSourceFields] = []
-    for name in names:
-        path = os.path.join(directory, name)
-        try:
-            with open(path, "rb") as fh:
-                text = fh.read(200).decode("ascii", "replace").strip()
-        except OSError as exc:
-            return f"cannot read {path}: {exc}"
-        if len(text) not in (40, 64) or not _COMMIT_CHARS.issuperset(text):
-            return f"{path} holds no full commit hash: {text[:80]!r}"
-        stem = name[: -len(_COMMIT_SUFFIX)][:64]
-        sources.append({"name": stem, "commit": text})
-    return sources
-
-
 class Run:
     """State of one driver invocation."""
 
@@ -206,6 +178,7 @@ class Run:
         self.child_env: dict[str, str] | None = None  # None: the driver's own
         self.task_sources: list[TaskSourceFields] | None = None  # with --task-sources
         self.child_cwd: str | None = None  # --hub-datasets: the view of the cache
+        self._models: str | None = None  # what the model server lists; "" when unknown
 
     # -- markers -------------------------------------------------------------
 
@@ -228,6 +201,7 @@ class Run:
             "duration": round(time.monotonic() - self.started_mono, 3),
             "signal": signum,
             **details,
+            **self._provenance(event),
         }
         if self.task_sources is not None:
             fields["task_sources"] = self.task_sources
@@ -236,6 +210,24 @@ class Run:
         if event != EVENT_COMPLETED:
             self.sink.note(f"{event}: {message}")
         return exit_code
+
+    def _provenance(self, event: FinalEvent) -> FinalDetails:
+        """What identifies the run, for every final marker (the started one may be cut off)."""
+        from driver.provenance import final_provenance
+
+        # Not when cancelled: the grace period is lm_eval's, not a model server's.
+        models = self._server_models() if event != EVENT_CANCELLED else None
+        return final_provenance(self.started_fields, self.opts.child_argv, models)
+
+    def _server_models(self) -> str | None:
+        """The model server's model ids (API models, once lm_eval ran), fetched once."""
+        if self._models is None and self.started_fields is not None:
+            from driver.provenance import server_models
+
+            self._models = server_models(
+                self.opts.child_argv, self.child_env or os.environ, self.sink
+            )
+        return self._models or None
 
     def driver_error(self, message: str) -> int:
         return self._final(EVENT_FAILED, EXIT_DRIVER_ERROR, message, None)
@@ -356,7 +348,7 @@ class Run:
         # Only now, with the child running, pay for the heavier imports.
         from driver.argv import lm_eval_version, redact_argv
         from driver.progress import TLS_VERIFY_FAILED, ErrorLineTracker, Progress, ProgressTracker
-        from driver.protocol import encode_progress, encode_started, neutralize
+        from driver.protocol import bounded_argv, encode_progress, encode_started, neutralize
 
         started: StartedFields = {
             "run_id": self.run_id,
@@ -364,7 +356,7 @@ class Run:
             "driver_version": __version__,
             "lm_eval_version": lm_eval_version(),
             "output_dir": self.run_dir,
-            "argv": redact_argv(child.argv),
+            "argv": bounded_argv(redact_argv(child.argv)),
             "pid": child.pid,
             "python": sys.version.split()[0],
             "progress_interval": self.opts.progress_interval,
@@ -495,6 +487,10 @@ class Run:
             details["results_chunks"] = len(chunks)
             for line in chunks:
                 self.sink.marker(line)
+        from driver.samples import send_items
+
+        models = self._server_models()
+        details.update(send_items(source, self.run_dir, self.run_id, models, self.sink))
         if self.opts.oci_push is not None:
             details.update(self._push(raw, details))
         return self._final(EVENT_COMPLETED, EXIT_OK, "lm_eval completed", None, **details)

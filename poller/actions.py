@@ -68,6 +68,9 @@ class Needs:
     # submitted now.
     flavors: tuple[str, ...] = ()
     priority_class: str | None = None
+    # The regression gate (`poller.gate`): this job's and its baseline's
+    # per-item scores, from their results ConfigMaps.
+    gate_items: bool = False
 
     @property
     def any(self) -> bool:
@@ -77,6 +80,7 @@ class Needs:
             or self.log is not None
             or bool(self.flavors)
             or self.priority_class is not None
+            or self.gate_items
         )
 
 

@@ -15,10 +15,11 @@ characters: a NUL there is refused by the runtime only after the pod exists,
 leaving it Pending. Rules about a whole list or map (the size of a joined argv
 token, reserved variables and keys) live in ``poller.specrules``.
 
-The spec's parts live in three modules so that each stays readable:
+The spec's parts live in four modules so that each stays readable:
 ``poller.apibase`` (patterns, the base model, Secret references),
-``poller.apipod`` (``spec.pod``) and ``poller.apisources`` (task sources,
-storage, outputs, TLS, chat). This module re-exports all of them: the rest
+``poller.apipod`` (``spec.pod``), ``poller.apisources`` (task sources,
+storage, outputs, TLS, chat) and ``poller.apigate`` (the regression gate's
+spec.gate and status.gate). This module re-exports all of them: the rest
 of the code reads the API as ``api.X``.
 """
 
@@ -74,6 +75,7 @@ from poller.apibase import (
     SecretVolumeRef,
     _Model,
 )
+from poller.apigate import DEFAULT_GATE_METRIC, GATE_METRIC, GateStatus, RegressionGate
 from poller.apipod import (
     Affinity,
     ArgvList,
@@ -126,9 +128,11 @@ __all__ = [
     "ARG_VALUE",
     "BATCH_SIZE",
     "DATA_KEY",
+    "DEFAULT_GATE_METRIC",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
     "ENV_NAME",
+    "GATE_METRIC",
     "GIT_COMMIT",
     "GIT_REF",
     "GIT_URL",
@@ -139,6 +143,12 @@ __all__ = [
     "LIMIT_LENGTH_MAX",
     "MOUNT_PATH",
     "PLURAL",
+    "PROVENANCE_ARGV_MAX",
+    "PROVENANCE_ARG_MAX",
+    "PROVENANCE_HASH_MAX",
+    "PROVENANCE_MESSAGE_MAX",
+    "PROVENANCE_TASK_HASHES_MAX",
+    "PROVENANCE_TEXT_MAX",
     "QUALIFIED_NAME",
     "QUALIFIED_NAME_LENGTH_MAX",
     "QUANTITY",
@@ -166,7 +176,9 @@ __all__ = [
     "EvaluationEnvVar",
     "FileConfigMap",
     "FileSecret",
+    "GateStatus",
     "GitSource",
+    "ItemScoresStatus",
     "JobReason",
     "JobState",
     "KeyToPath",
@@ -193,12 +205,15 @@ __all__ = [
     "PodOverride",
     "PreferredSchedulingTerm",
     "Progress",
+    "Provenance",
     "PvcManaged",
     "Quantity",
+    "RegressionGate",
     "ResourceName",
     "ResourceRequirements",
     "SecretKeyRef",
     "SecretVolumeRef",
+    "Seeds",
     "Sidecar",
     "SidecarEnv",
     "TaskSourceStatus",
@@ -221,15 +236,26 @@ _FEWSHOT_RULE: dict[str, JsonValue] = {
 }
 
 
+_GATE_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.gate) || has(self.baseline)",
+        "message": "spec.gate needs spec.baseline (the LMEvalJob to compare with)",
+        "fieldPath": ".gate",
+    },
+]
+
+
 class LMEvalJobSpec(_Model):
     """What to evaluate and how the job pod may look."""
 
-    model_config = ConfigDict(json_schema_extra={rules.VALIDATIONS: [_FEWSHOT_RULE]})
+    model_config = ConfigDict(json_schema_extra={rules.VALIDATIONS: [_FEWSHOT_RULE, *_GATE_RULES]})
 
     @model_validator(mode="after")
     def _chat_options_agree(self) -> LMEvalJobSpec:
         if (problem := _fewshot_needs_chat(self)) is not None:
             raise ValueError(problem)
+        if self.gate is not None and self.baseline is None:
+            raise ValueError("spec.gate needs spec.baseline (the LMEvalJob to compare with)")
         return self
 
     model: Annotated[str, Field(pattern=ARGV_WORD, max_length=128)] = Field(
@@ -391,6 +417,17 @@ class LMEvalJobSpec(_Model):
         description="ConfigMaps mounted read-only as files (as fileSecrets for Secrets); the "
         "requester must be allowed to get each.",
     )
+    baseline: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="Another LMEvalJob in this namespace to compare this one with "
+        "(spec.gate); never this job itself.",
+    )
+    gate: RegressionGate | None = Field(
+        default=None,
+        description="The regression gate against spec.baseline: once both jobs succeeded, "
+        "condition Regressed says whether the score dropped by more than maxDrop with "
+        "p < alpha. The job runs lm_eval with --log_samples.",
+    )
 
 
 class JobState(StrEnum):
@@ -418,12 +455,17 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     # spec.outputs.oci: whether the results reached the registry.
     RESULTS_PUSHED = "ResultsPushed"
+    # spec.gate: whether the score dropped significantly against spec.baseline.
+    REGRESSED = "Regressed"
 
 
 class Condition(_Model):
     """A Kubernetes-style condition, as `kubectl wait --for=condition=X` reads it."""
 
-    type: str = Field(description="Scheduled, Running, Finished, Succeeded or Suspended.")
+    type: str = Field(
+        description="Scheduled, Running, Finished, Succeeded, Suspended, ResultsPushed or "
+        "Regressed."
+    )
     status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$")]
     reason: str = ""
     message: str = ""
@@ -445,6 +487,105 @@ class TaskSourceStatus(_Model):
     url: str | None = Field(default=None, description="spec's git.url.")
     branch: str | None = Field(default=None, description="spec's git.branch, if any.")
     commit: str = Field(description="The commit checked out.")
+
+
+# status.provenance's bounds (every LIST of jobs carries it).
+PROVENANCE_TEXT_MAX = 512
+PROVENANCE_HASH_MAX = 128
+PROVENANCE_TASK_HASHES_MAX = 50
+PROVENANCE_ARG_MAX = 1024
+PROVENANCE_ARGV_MAX = 128
+PROVENANCE_MESSAGE_MAX = 1024
+
+
+class Seeds(_Model):
+    """The seeds lm_eval ran with (its results' config), each absent when it was not set."""
+
+    random: int | None = Field(default=None, description="Python's random seed.")
+    numpy: int | None = Field(default=None, description="NumPy's seed.")
+    torch: int | None = Field(default=None, description="torch's seed.")
+    fewshot: int | None = Field(default=None, description="The few-shot sampler's seed.")
+
+
+class Provenance(_Model):
+    """What identifies a run, as the pod and the driver reported it.
+
+    All of it comes from the job's pod (its log and results), except image
+    and imageID, which the kubelet reports; every value is bounded and
+    well-typed. The full record (every task's hash, dataset and version, the
+    documents' digests) is the results ConfigMap's provenance.json.
+    """
+
+    driver_version: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="The in-pod driver's version."
+    )
+    lm_eval_version: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="lm_eval's version, as installed in the image."
+    )
+    image: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="The main container's image, as the kubelet reports it."
+    )
+    image_id: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None,
+        alias="imageID",
+        description="The image the kubelet actually ran (its imageID, a digest on a real node).",
+    )
+    model: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="lm_eval's model type (--model), as its results record it."
+    )
+    model_name: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None, description="The pretrained= (or model=) value of lm_eval's model_args."
+    )
+    server_models: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
+        default=None,
+        description="API models: the ids the model server's /v1/models listed (comma-separated).",
+    )
+    seeds: Seeds | None = Field(default=None, description="lm_eval's seeds.")
+    task_hashes: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)],
+                Annotated[str, Field(max_length=PROVENANCE_HASH_MAX)],
+            ],
+            Field(max_length=PROVENANCE_TASK_HASHES_MAX),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="lm_eval's task_hashes (written with logSamples): a hash of every task's "
+        f"documents, prompts and targets. At most {PROVENANCE_TASK_HASHES_MAX} tasks, in name "
+        "order; provenance.json has them all.",
+    )
+    task_hashes_omitted: int | None = Field(
+        default=None, description="Tasks whose hash only provenance.json holds."
+    )
+    argv: (
+        Annotated[
+            list[Annotated[str, Field(max_length=PROVENANCE_ARG_MAX)]],
+            Field(max_length=PROVENANCE_ARGV_MAX),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="lm_eval's command line as the driver ran it, secrets redacted (shortened "
+        "when long: provenance.json has it whole).",
+    )
+
+
+class ItemScoresStatus(_Model):
+    """Where the run's per-item scores are kept, and how many there are."""
+
+    stored: Annotated[str, Field(pattern=r"^(ConfigMap|None)$")] = Field(
+        description="ConfigMap: in the results ConfigMap (items.json.gz); None: not kept."
+    )
+    tasks: int | None = Field(default=None, description="Tasks with per-item scores.")
+    items: int | None = Field(default=None, description="Documents, over all those tasks.")
+    bytes: int | None = Field(
+        default=None, description="Size of the per-item scores JSON (stored gzip'd)."
+    )
+    message: Annotated[str, Field(max_length=PROVENANCE_MESSAGE_MAX)] | None = Field(
+        default=None, description="Why they are not kept, or a note on them."
+    )
 
 
 class LMEvalJobStatus(_Model):
@@ -506,6 +647,20 @@ class LMEvalJobStatus(_Model):
         default=None,
         description="Why pushing the results to spec.outputs.oci failed (the job still "
         "succeeds with its results; condition ResultsPushed is False).",
+    )
+    provenance: Provenance | None = Field(
+        default=None,
+        description="What identifies the run: versions, image digest, model, seeds, task "
+        "hashes, argv (in full in the results ConfigMap's provenance.json).",
+    )
+    item_scores: ItemScoresStatus | None = Field(
+        default=None,
+        description="The per-item scores (logSamples) kept for paired comparisons.",
+    )
+    gate: GateStatus | None = Field(
+        default=None,
+        description="The regression gate's outcome (spec.gate): the numbers behind "
+        "condition Regressed.",
     )
     conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
     observed_generation: int | None = Field(

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from poller import api, kueuegate, outcome, podgit, podspec
+from poller import gate as regression
 from poller.actions import (
     Action,
     ArchiveLog,
@@ -45,6 +46,7 @@ from poller.actions import (
     StoreResults,
 )
 from poller.draft import StatusDraft
+from poller.gate import GateView
 from poller.kueuegate import Gate, KueueView
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.settings import Settings
@@ -296,11 +298,23 @@ def _finish_workload(
 
 
 def _retention(
-    job: JobView, settings: Settings, now: dt.datetime, kueue: KueueView | None = None
+    job: JobView,
+    settings: Settings,
+    now: dt.datetime,
+    kueue: KueueView | None = None,
+    gate: GateView | None = None,
 ) -> Decision:
     finish = _finish_workload(job.status, kueue, now)
     kept = _kept(job, settings, now)
-    return Decision([*finish, *kept.actions])
+    if kept.actions or gate is None:
+        return Decision([*finish, *kept.actions])
+    # A finished gated job: its regression gate (`poller.gate`).
+    gated: list[Action] = []
+    if (found := regression.decide_gate(job, gate)) is not None:
+        draft = StatusDraft(job, now)
+        regression.apply_gate(draft, found)
+        gated = draft.actions()
+    return Decision([*finish, *gated])
 
 
 def _kept(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
@@ -471,6 +485,7 @@ def what_to_observe(
     queue: QueueSlot | None = None,
     progress_due: bool = False,
     kueue: KueueView | None = None,
+    gate: GateView | None = None,
 ) -> Needs:
     """What `decide` will need beyond the job and its pod, read before it runs. Pure.
 
@@ -479,9 +494,13 @@ def what_to_observe(
     rule of `outcome.next_results_window`); a running one, when
     `progress_due` (the cycle's rate limiter), its log's last
     PROGRESS_TAIL_LINES lines, and in exec mode the results file the driver
-    holds, if that log shows it holding one (`outcome.results_to_exec`).
+    holds, if that log shows it holding one (`outcome.results_to_exec`); a
+    finished gated job (`gate`), both jobs' per-item scores when its gate
+    needs them (`poller.gate.needs_items`).
     """
     step = route(job, pod, now, queue, kueue)
+    if step is Step.RETENTION and gate is not None and not _kept(job, settings, now).actions:
+        return Needs(gate_items=regression.needs_items(job, gate))
     if step is Step.SCHEDULE:
         workload = kueue.workload if kueue is not None else None
         return Needs(namespace_uid=True, flavors=workload.flavors if workload else ())
@@ -507,6 +526,7 @@ def decide(
     exec_view: ExecView | None = None,
     run_as_user: int | None = None,
     kueue: KueueView | None = None,
+    gate: GateView | None = None,
 ) -> Decision:
     """The actions that move `job` toward what it asks and what its pod shows. Pure.
 
@@ -515,11 +535,13 @@ def decide(
     `cat` of the held results returned, `run_as_user` the namespace's
     OpenShift UID (for a pod made now), if any. `queue` is set when the job
     waits for a free slot (max-running-jobs); `kueue` when the job is under
-    Kueue (`poller.kueuegate`), with what `what_to_observe` asked of it.
+    Kueue (`poller.kueuegate`), with what `what_to_observe` asked of it;
+    `gate` when it has a regression gate (`poller.gate`), with the per-item
+    scores read.
     """
-    decision = _decide(job, pod, settings, now, log, queue, exec_view, run_as_user, kueue)
-    if kueue is None:
-        return decision
+    decision = _decide(job, pod, settings, now, log, queue, exec_view, run_as_user, kueue, gate)
+    if kueue is None or any(isinstance(a, PatchWorkloadStatus) for a in decision.actions):
+        return decision  # (a finished job's retention marks its workload itself)
     # A job that finishes now frees its Kueue quota in the same breath.
     for action in decision.actions:
         if isinstance(action, PatchStatus) and action.status.state == S.COMPLETE:
@@ -538,13 +560,14 @@ def _decide(
     exec_view: ExecView | None,
     run_as_user: int | None,
     kueue: KueueView | None,
+    gate: GateView | None = None,
 ) -> Decision:
     """`decide`, before a finishing job's workload is marked Finished."""
     step = route(job, pod, now, queue, kueue)
     if step is Step.NOTHING:
         return Decision()
     if step is Step.RETENTION:
-        return _retention(job, settings, now, kueue)
+        return _retention(job, settings, now, kueue, gate)
     if kueue is not None and step.name.startswith("KUEUE_"):
         return _gated(step, job, pod, settings, now, kueue)
     if step is Step.UNREADABLE:

@@ -59,14 +59,15 @@ def _finite(value: object) -> float | None:
 def set_condition(
     conditions: list[api.Condition],
     kind: api.ConditionType,
-    status: bool,
+    status: bool | None,
     reason: str,
     message: str,
     now: str,
     generation: int,
 ) -> list[api.Condition]:
-    """Conditions with `kind` set; lastTransitionTime moves only when status flips."""
-    wanted = "True" if status else "False"
+    """Conditions with `kind` set (status None: Unknown); lastTransitionTime moves
+    only when status flips."""
+    wanted = "Unknown" if status is None else "True" if status else "False"
     out: list[api.Condition] = []
     previous: api.Condition | None = None
     for condition in conditions:
@@ -104,7 +105,7 @@ class StatusDraft:
         self.events: list[PostEvent] = []
 
     def condition(
-        self, kind: api.ConditionType, status: bool, reason: str, message: str = ""
+        self, kind: api.ConditionType, status: bool | None, reason: str, message: str = ""
     ) -> None:
         self.conditions = set_condition(
             self.conditions, kind, status, reason, message, self.now, self.job.generation
@@ -118,6 +119,10 @@ class StatusDraft:
             default = reason.value if state == S.COMPLETE else state.value
             self.events.append(PostEvent(kind, event or default, _bounded(message)))
         self.fields.update(state=state, reason=reason, message=_bounded(message))
+
+    def event(self, kind: str, reason: str, message: str) -> None:
+        """Post an Event with the patch (only if the status changes)."""
+        self.events.append(PostEvent(kind, reason, _bounded(message)))
 
     def finish(self, reason: api.JobReason, message: str, cause: str | None = None) -> None:
         self.state(S.COMPLETE, reason, message, event=cause)

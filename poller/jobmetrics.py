@@ -45,6 +45,14 @@ class _JobSeries:
     completed: float | None
     progress: float | None
     results: tuple[Score, ...]
+    # The regression gate's verdict (status.gate), when one was computed.
+    gate: api.GateStatus | None = None
+
+
+def _verdict(gate: api.GateStatus | None) -> api.GateStatus | None:
+    """status.gate when it holds a verdict (Regressed or NotRegressed), else None:
+    an Unknown gate has no series, so an alert on 1 never fires on a missing baseline."""
+    return gate if gate is not None and gate.verdict in ("Regressed", "NotRegressed") else None
 
 
 def _progress_ratio(job: JobView) -> float | None:
@@ -89,6 +97,7 @@ class JobCollector(Collector):
                     progress=_progress_ratio(job),
                     # Parsed once, when the view was built (see JobView.scores).
                     results=job.scores,
+                    gate=_verdict(status.gate),
                 )
             )
         snapshot = tuple(sorted(series, key=lambda s: (s.namespace, s.name)))
@@ -178,6 +187,39 @@ class JobCollector(Collector):
                                 score.value,
                             )
                 yield family
+        yield from _gate_families(series, chunk)
+
+
+def _gate_families(series: Sequence[_JobSeries], chunk: int) -> Iterator[Metric]:
+    """The regression gate's outcome (status.gate) of each job that has a verdict."""
+    labels = ["namespace", "lmevaljob", "baseline", "task", "metric"]
+    for name, text, value_of in (
+        (
+            "lmeval_job_regressed",
+            "1 when the job's score dropped against spec.baseline by more than maxDrop with "
+            "p < alpha (condition Regressed True), 0 when not; absent while Unknown.",
+            lambda gate: 1.0 if gate.verdict == "Regressed" else 0.0,
+        ),
+        (
+            "lmeval_job_gate_difference",
+            "The gate's paired difference of means, job minus baseline (status.gate.difference).",
+            attrgetter("difference"),
+        ),
+        (
+            "lmeval_job_gate_p_value",
+            "The gate's paired test p-value (status.gate.pValue).",
+            attrgetter("p_value"),
+        ),
+    ):
+        for part in _parts(series, chunk):
+            family = GaugeMetricFamily(name, text, labels=labels)
+            for job in part:
+                gate = job.gate
+                if gate is not None and (value := value_of(gate)) is not None:
+                    family.add_metric(
+                        [job.namespace, job.name, gate.baseline, gate.task, gate.metric], value
+                    )
+            yield family
 
 
 def _parts(series: Sequence[_JobSeries], size: int) -> Iterator[Sequence[_JobSeries]]:

@@ -212,17 +212,26 @@ class Kube:
         ) or {}
         return annotations
 
-    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A whole ConfigMap (metadata, data, binaryData, immutable), or None."""
+    def read_configmap(
+        self, namespace: str, name: str, *, max_bytes: int | None = None
+    ) -> dict[str, Any] | None:
+        """A whole ConfigMap (metadata, data, binaryData, immutable), or None.
+
+        With `max_bytes`, a response larger than that raises ValueError
+        without being parsed.
+        """
         try:
             raw = self._request(
                 "GET",
                 f"/api/v1/namespaces/{namespace}/configmaps/{name}",
                 verb="get",
                 resource="configmaps",
+                max_bytes=None if max_bytes is None else max_bytes + 1,
             )
         except NotFound:
             return None
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise ValueError(f"ConfigMap {name} is larger than {max_bytes} bytes")
         obj: dict[str, Any] = json.loads(raw)
         return obj
 

@@ -13,8 +13,11 @@ parts:
   `decide` from its proof of origin (`poller.ownership`).
 * **one job's needs**, as the pure `decide.what_to_observe` names them
   (`Needs`): the namespace's OpenShift UID range for a pod about to be
-  made; a window of the pod's log, widened or narrowed by the stated rule
-  of `outcome.next_results_window` (never more than
+  made; for a finished gated job, its own and its baseline's per-item
+  scores (their results ConfigMaps, each GET bounded by `ITEMS_READ_MAX`;
+  the baseline's job object is already in the listing, `poller.gate`); a
+  window of the pod's log, widened or narrowed by the stated rule of
+  `outcome.next_results_window` (never more than
   `outcome.MAX_RESULTS_READS` reads); in exec mode the results file the
   driver holds, when that log shows it holding one
   (`outcome.results_to_exec`).
@@ -36,18 +39,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from poller import kueuegate, outcome, podspec
+from poller import kueuegate, outcome, podspec, results
 from poller.actions import LogRequest, Needs
+from poller.gate import GateView, ItemsRead, baseline_name
 from poller.kube import ApiError, Kube, NotFound
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.podreads import PodReads
 from poller.settings import Settings
 from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 
-__all__ = ["MANAGED_SELECTOR", "OPENSHIFT_UID_RANGE", "Listing", "Observed", "Observer"]
+__all__ = [
+    "ITEMS_READ_MAX",
+    "MANAGED_SELECTOR",
+    "OPENSHIFT_UID_RANGE",
+    "Listing",
+    "Observed",
+    "Observer",
+]
 
 MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
 OPENSHIFT_UID_RANGE = "openshift.io/sa.scc.uid-range"
+# The largest results ConfigMap read for the gate: the apiserver keeps a
+# ConfigMap's data under 1 MiB, which base64 and the metadata make at most
+# about 1.4 MiB as JSON; anything larger is not one the poller wrote.
+ITEMS_READ_MAX = 3 * 1024 * 1024
 
 
 @dataclass
@@ -72,6 +87,15 @@ class Listing:
     workloads_by_job: dict[str, WorkloadView] = field(default_factory=dict)
     workloads_listed: int = 0
     kueue_error: str | None = None
+    # Every listed job by (namespace, name): a gated job's baseline (`poller.gate`).
+    jobs_by_name: dict[tuple[str, str], JobView] = field(default_factory=dict)
+
+    def gate_view(self, job: JobView) -> GateView | None:
+        """The job's side of the regression gate, when it has one (spec.gate)."""
+        name = baseline_name(job)
+        if name is None:
+            return None
+        return GateView(self.jobs_by_name.get((job.namespace, name)))
 
     def kueue_view(self, job: JobView) -> KueueView | None:
         """The job's side of Kueue, when Kueue gates it (its label, and Kueue installed)."""
@@ -96,6 +120,8 @@ class Observed:
     # The job's side of Kueue when Kueue gates it, with the flavors and the
     # priority class the needs named.
     kueue: KueueView | None = None
+    # The regression gate's view (spec.gate), with the per-item scores read.
+    gate: GateView | None = None
 
 
 class Observer:
@@ -127,6 +153,7 @@ class Observer:
                     listing.unreadable.append((obj.get("metadata") or {}, error))
                     job = JobView.unreadable(obj, error)
                 listing.jobs.append(job)
+                listing.jobs_by_name[(job.namespace, job.name)] = job
                 views[job.uid] = job
             for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace):
                 listing.pods_listed += 1
@@ -179,9 +206,10 @@ class Observer:
         needs: Needs,
         queue: QueueSlot | None = None,
         kueue: KueueView | None = None,
+        gate: GateView | None = None,
     ) -> Observed:
         """Read what `needs` names for `job`, in order: Kueue's flavors and priority
-        class, the namespace, the log, the exec."""
+        class, the namespace, the log, the exec, the gate's per-item scores."""
         if kueue is not None and (needs.flavors or needs.priority_class):
             kueue = replace(
                 kueue,
@@ -197,7 +225,47 @@ class Observer:
                 wanted = outcome.results_to_exec(job, pod, settings, log_view)
                 if wanted is not None:
                     exec_view = self.reads.exec_results(job, wanted)
-        return Observed(job, pod, queue, log_view, exec_view, run_as_user, kueue)
+        if needs.gate_items and gate is not None and gate.baseline is not None:
+            gate = replace(
+                gate,
+                own=self._read_items(job.namespace, job.name, job.uid),
+                base=self._read_items(job.namespace, gate.baseline.name, gate.baseline.uid),
+            )
+        return Observed(job, pod, queue, log_view, exec_view, run_as_user, kueue, gate)
+
+    def _read_items(self, namespace: str, name: str, uid: str) -> ItemsRead:
+        """A job's per-item scores from its results ConfigMap, or why there are none.
+
+        Only a ConfigMap whose controller is that job counts (anyone may make
+        one under the name first). A transient API error propagates: the job
+        is decided again next cycle.
+        """
+        configmap = results.results_configmap_name(name)
+        try:
+            found = self.kube.read_configmap(namespace, configmap, max_bytes=ITEMS_READ_MAX)
+        except ApiError as error:
+            if error.transient:
+                raise
+            problem = f"ConfigMap {configmap} cannot be read: {error}"[:500]
+            return ItemsRead(problem=problem, retry=True)
+        except ValueError as error:  # larger than any results ConfigMap the poller writes
+            return ItemsRead(problem=str(error))
+        if found is None:
+            return ItemsRead(problem=f"no ConfigMap {configmap}")
+        owners = (found.get("metadata") or {}).get("ownerReferences") or []
+        if not any(o.get("controller") and o.get("uid") == uid for o in owners):
+            return ItemsRead(problem=f"ConfigMap {configmap} is not owned by LMEvalJob {name}")
+        binary = found.get("binaryData") or {}
+        encoded = binary.get(results.ITEMS_KEY)
+        if not isinstance(encoded, str):
+            return ItemsRead(problem=f"ConfigMap {configmap} has no {results.ITEMS_KEY}")
+        text = (found.get("data") or {}).get(results.RESULTS_KEY)
+        packed = binary.get(results.RESULTS_KEY + ".gz")
+        if isinstance(text, str):
+            return ItemsRead(encoded=encoded, results=text)
+        if isinstance(packed, str):
+            return ItemsRead(encoded=encoded, results=packed, results_packed=True)
+        return ItemsRead(encoded=encoded)
 
     def _flavor(self, name: str) -> Flavor:
         found = self.kube.read_resource_flavor(name)

@@ -15,12 +15,12 @@ never guessed. Pure, like `decide`.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 
 from driver import protocol
-from driver.decoder import Outcome
-from poller import api, podgit, podspec, results
+from driver.decoder import DecodedLog, Outcome
+from driver.itemscores import ItemScores
+from poller import api, itemstore, podgit, podspec, provenance, results
 from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
 from poller.draft import StatusDraft
 from poller.settings import Settings
@@ -39,6 +39,7 @@ __all__ = [
     "first_results_window",
     "holding",
     "next_results_window",
+    "record_provenance",
     "record_task_sources",
     "results_read_while_held",
     "results_to_exec",
@@ -67,14 +68,18 @@ MAX_RESULTS_READS = 1 + WIDENINGS
 # 16 KiB is split into pieces of 16 KiB (containerd, CRI-O): the kubelet's
 # (and kwok's) tailLines counts the pieces, so a results marker is 3 lines.
 RUNTIME_LINE_BYTES = 16 * 1024
-# The driver writes the results markers (protocol.MAX_RESULTS_CHUNKS at most)
-# and the completed marker last, with a few notes at most after them: this
-# window (115 lines) holds them all, and fits a results read's byte limit
-# (115 pieces of 16 KiB are 1.8 MiB). It is read instead when the first
-# window held more bytes than a read may take (long lines before the
-# results, such as the tqdm redraws of a long run, which end in one newline).
+# The driver writes the results markers (protocol.MAX_RESULTS_CHUNKS at most),
+# then the per-item scores' items markers (protocol.MAX_ITEMS_CHUNKS, chunks
+# of the same size) and the completed marker last, with a few notes at most
+# after them: this window (127 lines) holds them all, and fits a results
+# read's byte limit (127 pieces of 16 KiB are 1.98 MiB; the items' chunk
+# count is chosen so). It is read instead when the first window held more
+# bytes than a read may take (long lines before the results, such as the
+# tqdm redraws of a long run, which end in one newline).
 RESULTS_TAIL_LINES = (
-    -(-protocol.MAX_RESULTS_MARKER_CHARS // RUNTIME_LINE_BYTES) * protocol.MAX_RESULTS_CHUNKS + 16
+    -(-protocol.MAX_RESULTS_MARKER_CHARS // RUNTIME_LINE_BYTES)
+    * (protocol.MAX_RESULTS_CHUNKS + protocol.MAX_ITEMS_CHUNKS)
+    + 16
 )
 # Task names the status message of a finished job lists (a results JSON may
 # name thousands: the message is in every LIST of jobs).
@@ -146,7 +151,7 @@ def complete(
     outcome = decoded.outcome
     exit_code = pod.main.exit_code
     if exit_code == 0 and decoded.results is not None:
-        actions.append(_store_results(job, draft, decoded.results, "log"))
+        actions.append(_store_results(job, pod, draft, decoded.results, "log", decoded))
         draft.finish(R.SUCCEEDED, draft.fields["message"])
     elif exit_code == 0:
         why = f"log unavailable: {log.unavailable}" if log.unavailable else decoded.results_error
@@ -173,6 +178,8 @@ def complete(
         draft.finish(R.FAILED, f"{outcome.message} (exit code {exit_code})")
     if decoded.last_progress:
         draft.progress(decoded.last_progress)
+    if not actions:  # no results: the provenance of what ran (_store_results records it else)
+        record_provenance(pod, decoded, draft)
     record_task_sources(job, log, draft)
     record_results_artifact(job, outcome, draft)
     return Decision(draft.actions(before=actions))
@@ -240,10 +247,44 @@ def _results_window(log: LogView) -> int | None:
     return None
 
 
+def record_provenance(
+    pod: PodView,
+    decoded: DecodedLog,
+    draft: StatusDraft,
+    found: dict[str, object] | None = None,
+    items: ItemScores | None = None,
+) -> provenance.Provenance:
+    """status.provenance of the run that `pod` ran; the full record, for the ConfigMap."""
+    record = provenance.build(
+        outcome=decoded.outcome,
+        started=decoded.started,
+        results=found,
+        image=pod.main.image,
+        image_id=pod.main.image_id,
+        items=items,
+    )
+    fields = record.status_fields()
+    if fields is not None:
+        draft.fields["provenance"] = fields
+    return record
+
+
 def _store_results(
-    job: JobView, draft: StatusDraft, found: dict[str, object], source: str
+    job: JobView,
+    pod: PodView,
+    draft: StatusDraft,
+    found: dict[str, object],
+    source: str,
+    decoded: DecodedLog,
 ) -> StoreResults:
-    """Status fields for `found` results; the action that stores them in full."""
+    """Status fields for `found` results; the action that stores them in full.
+
+    Beside the results, in the same ConfigMap: the provenance JSON and the
+    per-item scores (gzip'd), within the ConfigMap's limit (the rule is
+    `itemstore.results_manifest`).
+    """
+    items = itemstore.check(decoded)
+    record = record_provenance(pod, decoded, draft, found, items.scores)
     text, reduced = results.reduce_results(found)
     draft.fields.update(
         results=text,
@@ -257,27 +298,24 @@ def _store_results(
     if len(names) > TASKS_IN_MESSAGE:
         tasks += f", ... ({len(names)} tasks)"
     draft.fields["message"] = f"evaluation finished: {tasks}"
-    manifest = results.results_configmap(
+    outcome = decoded.outcome
+    outputs = draft.fields.get("outputs")
+    manifest, summary, note = itemstore.results_manifest(
         namespace=job.namespace,
         job_name=job.name,
         job_uid=job.uid,
-        results=found,
         labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
+        found=found,
+        reduced_text=text,
+        provenance=record.document(),
+        items=items,
+        items_path=outcome.items_path if outcome is not None else None,
+        outputs=outputs if isinstance(outputs, str) else None,
     )
-    size = results.configmap_data_bytes(manifest)
-    if size > results.CONFIGMAP_DATA_MAX:
-        # The apiserver would refuse it, every cycle: keep what status keeps.
-        manifest = results.results_configmap(
-            namespace=job.namespace,
-            job_name=job.name,
-            job_uid=job.uid,
-            results=json.loads(text),
-            labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
-        )
-        draft.fields["message"] += (
-            f" (the full results, {size} bytes compressed, exceed what a ConfigMap holds: "
-            f"{results.results_configmap_name(job.name)} holds the reduced results)"
-        )
+    if note is not None:
+        draft.fields["message"] += f" ({note})"
+    if summary is not None:
+        draft.fields["item_scores"] = summary
     return StoreResults(manifest)
 
 
@@ -320,7 +358,7 @@ def holding(
         if found is None:
             found, source = log.decoded.results, "log"
         if found is not None:
-            actions.append(_store_results(job, draft, found, source))
+            actions.append(_store_results(job, pod, draft, found, source, log.decoded))
     release = protocol.release_argv(podspec.driver_command(settings))
     actions.append(ReleaseHold(pod.name, podspec.MAIN_CONTAINER, tuple(release)))
     return actions

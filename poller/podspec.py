@@ -129,7 +129,8 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
         argv.append(f"--gen_kwargs={_pairs(spec.gen_args)}")
     if spec.batch_size is not None:
         argv.append(f"--batch_size={spec.batch_size}")
-    if spec.log_samples:
+    # The regression gate pairs per-item scores, which lm_eval writes only with samples.
+    if spec.log_samples or spec.gate is not None:
         argv.append("--log_samples")
     if spec.allow_code_execution:
         argv.append("--confirm_run_unsafe_code")

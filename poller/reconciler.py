@@ -40,6 +40,7 @@ from poller import decide as decisions
 from poller import poison, timefmt
 from poller.act import Actuator
 from poller.actions import Decision, Needs
+from poller.gate import GateView
 from poller.identity import PodProof, load_pod_proof
 from poller.kube import Kube
 from poller.kueuegate import KueueView
@@ -191,15 +192,16 @@ class Reconciler:
                     continue
                 pod, slot, now = pods_by_job.get(job.uid), queue.get(job.uid), self.clock()
                 kueue = gated.get(job.uid)
+                gate = listing.gate_view(job)
                 progress_due = budget > len(progress) and self._progress_due(job, pod, settings)
-                looked = self._first_look(job, pod, settings, slot, now, progress_due, kueue)
+                looked = self._first_look(job, pod, settings, slot, now, progress_due, kueue, gate)
                 if isinstance(looked, Decision) and not looked.actions:
                     outcomes.append(job)
                 elif isinstance(looked, Needs) and _progress_only(looked):
                     progress.append((len(outcomes), now, looked))
                     outcomes.append(job)
                 else:
-                    work = (job, pod, settings, slot, now, looked, report, kueue)
+                    work = (job, pod, settings, slot, now, looked, report, kueue, gate)
                     outcomes.append(pool.submit(self._handle_safely, *work))
         report.snapshot = [i if isinstance(i, JobView) else i.result() for i in outcomes]
         for index, now, needs in progress:
@@ -227,15 +229,23 @@ class Reconciler:
         now: dt.datetime,
         progress_due: bool,
         kueue: KueueView | None = None,
+        gate: GateView | None = None,
     ) -> FirstLook:
         """What `job` needs read before deciding; when nothing, its decision."""
         try:
             needs = decisions.what_to_observe(
-                job, pod, settings, now, queue=slot, progress_due=progress_due, kueue=kueue
+                job,
+                pod,
+                settings,
+                now,
+                queue=slot,
+                progress_due=progress_due,
+                kueue=kueue,
+                gate=gate,
             )
             if needs.any:
                 return needs
-            return self._decide(Observed(job, pod, slot, kueue=kueue), settings, now)
+            return self._decide(Observed(job, pod, slot, kueue=kueue, gate=gate), settings, now)
         except Exception as error:  # recorded for this job by _handle_safely
             return error
 
@@ -252,6 +262,7 @@ class Reconciler:
             exec_view=observed.exec_view,
             run_as_user=observed.run_as_user,
             kueue=observed.kueue,
+            gate=observed.gate,
         )
 
     def _handle_safely(
@@ -264,6 +275,7 @@ class Reconciler:
         looked: FirstLook,
         report: CycleReport,
         kueue: KueueView | None = None,
+        gate: GateView | None = None,
     ) -> JobView:
         """`_handle`, with an error counted for this job; a job that keeps failing,
         or meets poison, ends Failed (`poller.poison`) instead of staying as it was."""
@@ -271,7 +283,7 @@ class Reconciler:
             report.skipped = True
             return job
         try:
-            current = self._handle(job, pod, settings, slot, now, looked, report, kueue)
+            current = self._handle(job, pod, settings, slot, now, looked, report, kueue, gate)
         except Exception as error:  # one job never stops the others
             self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
             with report._lock:
@@ -297,6 +309,7 @@ class Reconciler:
         looked: FirstLook,
         report: CycleReport,
         kueue: KueueView | None = None,
+        gate: GateView | None = None,
     ) -> JobView:
         """Observe what `looked` names, decide once, act; returns the job as it now stands."""
         if isinstance(looked, Exception):
@@ -306,7 +319,7 @@ class Reconciler:
         else:
             if looked.log is not None and looked.log.purpose == "progress":
                 self._progress_read_at[job.uid] = time.monotonic()
-            observed = self.observer.gather(job, pod, settings, looked, slot, kueue)
+            observed = self.observer.gather(job, pod, settings, looked, slot, kueue, gate)
             decision = self._decide(observed, settings, now)
         return self.actuator.carry_out(job, decision, settings, now, report)
 

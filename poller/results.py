@@ -37,6 +37,7 @@ __all__ = [
     "Score",
     "ScoreRow",
     "configmap_data_bytes",
+    "gzip_base64",
     "iter_score_rows",
     "parse_scores",
     "reduce_results",
@@ -129,18 +130,29 @@ def results_configmap(
     results: dict[str, Any] | None,
     labels: dict[str, str],
     extra_data: dict[str, str] | None = None,
+    items: bytes | None = None,
+    provenance: str | None = None,
+    compress: bool = False,
 ) -> dict[str, Any]:
-    """The ConfigMap that holds the complete results, owned by the job."""
+    """The ConfigMap that holds the complete results, owned by the job.
+
+    Beside them, when given: the per-item scores (`items`, driver.itemscores
+    JSON, stored gzip'd under ITEMS_KEY) and the provenance JSON text
+    (PROVENANCE_KEY). The results go gzip'd into binaryData when their text
+    is over CONFIGMAP_TEXT_LIMIT, or always with `compress` (to make room).
+    """
     data: dict[str, str] = dict(extra_data or {})
     binary: dict[str, str] = {}
     if results is not None:
         text = json.dumps(results, indent=1, sort_keys=True)
-        if len(text.encode()) <= CONFIGMAP_TEXT_LIMIT:
+        if len(text.encode()) <= CONFIGMAP_TEXT_LIMIT and not compress:
             data[RESULTS_KEY] = text
         else:
-            binary[RESULTS_KEY + ".gz"] = base64.b64encode(
-                gzip.compress(text.encode(), mtime=0)
-            ).decode()
+            binary[RESULTS_KEY + ".gz"] = gzip_base64(text.encode())
+    if provenance is not None:
+        data[PROVENANCE_KEY] = provenance
+    if items is not None:
+        binary[ITEMS_KEY] = gzip_base64(items)
     manifest: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -164,6 +176,11 @@ def results_configmap(
     if binary:
         manifest["binaryData"] = binary
     return manifest
+
+
+def gzip_base64(raw: bytes) -> str:
+    """`raw` gzip'd (mtime 0: the same bytes every time) and base64'd, for binaryData."""
+    return base64.b64encode(gzip.compress(raw, mtime=0)).decode()
 
 
 def configmap_data_bytes(manifest: dict[str, Any]) -> int:

@@ -71,6 +71,8 @@ class ContainerStatusObject(TypedDict, total=False):
 
     name: Any
     state: Any
+    image: Any
+    imageID: Any
 
 
 class PodStatusObject(TypedDict, total=False):
@@ -103,11 +105,20 @@ ProofCheck = Callable[[str | None, str, str, str, str], int | None]
 # The spec keys a finished job's view keeps: what `JobView`'s switches and
 # the metrics read. Nothing else in a finished job's spec is acted on again.
 FINISHED_SPEC_KEYS = frozenset(
-    {"model", "cancel", "suspend", "activeDeadlineSeconds", "ttlSecondsAfterFinished"}
+    {
+        "model",
+        "cancel",
+        "suspend",
+        "activeDeadlineSeconds",
+        "ttlSecondsAfterFinished",
+        # The regression gate (`poller.gate`) is decided after the job finished.
+        "baseline",
+        "gate",
+    }
 )
 # And the status fields it leaves out (the status is only ever merge-patched,
 # so a field missing from a view is never erased by a write).
-FINISHED_STATUS_OMITS = frozenset({"results", "conditions"})
+FINISHED_STATUS_OMITS = frozenset({"results", "conditions", "provenance"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +179,11 @@ class JobView:
         status: dict[str, Any] = obj.get("status") or {}
         text = status.get("results")
         if status.get("state") == api.JobState.COMPLETE.value:
+            # A gated job keeps its conditions: its gate writes condition Regressed
+            # after it finished, and a merge patch replaces the whole list.
+            omits = FINISHED_STATUS_OMITS - {"conditions"} if spec.get("gate") else None
             spec = {key: value for key, value in spec.items() if key in FINISHED_SPEC_KEYS}
-            status = {k: v for k, v in status.items() if k not in FINISHED_STATUS_OMITS}
+            status = {k: v for k, v in status.items() if k not in (omits or FINISHED_STATUS_OMITS)}
         return cls(
             namespace=meta.get("namespace", ""),
             name=meta.get("name", ""),
@@ -244,10 +258,16 @@ class ContainerView:
     signal: int | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    # The image as the kubelet reports it, and the image it actually ran
+    # (imageID: a digest on a real node; "" until the container started).
+    image: str = ""
+    image_id: str = ""
 
     @classmethod
     def from_status(cls, status: dict[str, Any] | None) -> ContainerView:
         state = (status or {}).get("state") or {}
+        image = _text((status or {}).get("image"))
+        image_id = _text((status or {}).get("imageID"))
         if "terminated" in state:
             t = state["terminated"] or {}
             return cls(
@@ -258,13 +278,26 @@ class ContainerView:
                 signal=t.get("signal"),
                 started_at=t.get("startedAt"),
                 finished_at=t.get("finishedAt"),
+                image=image,
+                image_id=image_id,
             )
         if "running" in state:
-            return cls("running", started_at=(state["running"] or {}).get("startedAt"))
+            started = (state["running"] or {}).get("startedAt")
+            return cls("running", started_at=started, image=image, image_id=image_id)
         if "waiting" in state:
             w = state["waiting"] or {}
-            return cls("waiting", reason=w.get("reason") or "", message=w.get("message") or "")
-        return cls("unknown")
+            return cls(
+                "waiting",
+                reason=w.get("reason") or "",
+                message=w.get("message") or "",
+                image=image,
+                image_id=image_id,
+            )
+        return cls("unknown", image=image, image_id=image_id)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True, slots=True)

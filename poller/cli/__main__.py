@@ -74,6 +74,16 @@ def _number(kind: type[int] | type[float], least: float) -> Callable[[str], floa
     return parse
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError("must be at least 0.5 and below 1, e.g. 0.95")
+    return value
+
+
 def _interval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
@@ -177,9 +187,32 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
     _formats(cmd, ["table", "json", "csv", "markdown"], "table")
 
-    cmd = command("compare", commands.cmd_compare, "scores of several jobs side by side")
+    cmd = command(
+        "compare",
+        commands.cmd_compare,
+        "compare jobs: for two with per-item scores, a paired significance test per task and "
+        "metric (A = the first, the baseline; B = the second); else scores side by side",
+    )
     cmd.add_argument("names", nargs="+", metavar="NAME", help="job names (or NAMESPACE/NAME)")
     _formats(cmd, ["table", "json", "csv", "markdown"], "table")
+    cmd.add_argument(
+        "--json", dest="output", action="store_const", const="json", help="same as -o json"
+    )
+    cmd.add_argument(
+        "--task", action="append", metavar="TASK", help="compare only this task (repeatable)"
+    )
+    cmd.add_argument(
+        "--metric",
+        action="append",
+        metavar="METRIC",
+        help="compare only this metric: acc (any filter) or acc,none (repeatable)",
+    )
+    cmd.add_argument(
+        "--confidence",
+        type=_fraction,
+        default=0.95,
+        help="confidence level of the intervals; significant means p < 1 - it (default: 0.95)",
+    )
 
     cmd = command("wait", _cmd_wait, "wait for a job to end, with a progress bar")
     cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from poller import api, timefmt
-from poller.cli import facts, follow, render, rerun, submit
+from poller.cli import facts, follow, paired, render, rerun, submit
 from poller.cli.client import Cluster, fetch_job, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.results import RESULTS_KEY, results_configmap_name
@@ -174,13 +174,20 @@ def cmd_get(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> i
 # -- results and compare -------------------------------------------------------
 
 
-def _configmap_results(cluster: Cluster, job: dict[str, Any]) -> dict[str, Any] | None:
+def _results_configmap(cluster: Cluster, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's results ConfigMap, or None (absent, or no right to read it)."""
     meta = job["metadata"]
     name = facts.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"])
     try:
-        found = cluster.get_configmap(str(name), str(meta["namespace"]))
+        return cluster.get_configmap(str(name), str(meta["namespace"]))
     except ApiError:
         return None
+
+
+def _configmap_results(
+    cluster: Cluster, job: dict[str, Any], found: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    found = found if found is not None else _results_configmap(cluster, job)
     if not found:
         return None
     text = (found.get("data") or {}).get(RESULTS_KEY)
@@ -234,46 +241,106 @@ def cmd_results(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
     return ExitCode.OK
 
 
+def _score_table(
+    labels: list[str], columns: list[dict[tuple[str, str, str], facts.ScoreRow]]
+) -> tuple[list[tuple[str, str, str]], list[dict[str, Any]]]:
+    order: list[tuple[str, str, str]] = []
+    for column in columns:
+        order += [key for key in column if key not in order]
+    table = [
+        {
+            "task": task,
+            "metric": metric,
+            "filter": filt,
+            "values": {
+                label: (
+                    col[(task, metric, filt)].as_dict() if (task, metric, filt) in col else None
+                )
+                for label, col in zip(labels, columns, strict=True)
+            },
+        }
+        for task, metric, filt in order
+    ]
+    return order, table
+
+
+def _side(cluster: Cluster, job: dict[str, Any], label: str) -> tuple[paired.Side, str]:
+    """One job for the paired comparison, and why it cannot be paired ("" when it can)."""
+    state = facts.state(job)
+    if state != api.JobState.COMPLETE.value:
+        return paired.Side(label, None, None), f"{label} has not finished (state {state})"
+    configmap = _results_configmap(cluster, job)
+    results = _configmap_results(cluster, job, configmap) if configmap else None
+    items, why = facts.item_scores(job, configmap)
+    side = paired.Side(
+        label, results or facts.job_results(job), items, facts.provenance(job, configmap)
+    )
+    return side, why and f"{label}: {why}"
+
+
 def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
     refs = [split_ref(ref, cluster.namespace) for ref in args.names]
     labels = [name if space == cluster.namespace else f"{space}/{name}" for space, name in refs]
+    fetched = [fetch_job(cluster, name, space) for space, name in refs]
     columns: list[dict[tuple[str, str, str], facts.ScoreRow]] = []
-    order: list[tuple[str, str, str]] = []
-    for (space, name), label in zip(refs, labels, strict=True):
-        job = fetch_job(cluster, name, space)
+    for job, label in zip(fetched, labels, strict=True):
         try:
             rows = facts.score_rows(results_of(cluster, job), facts.spec(job).get("tasks"))
         except CliError as error:
             out.note(f"{label}: {error.message}")
             rows = []
-        column = {(r.task, r.metric, r.filter): r for r in rows}
-        order += [key for key in column if key not in order]
-        columns.append(column)
-    if not order:
+        columns.append({(r.task, r.metric, r.filter): r for r in rows})
+    order, table = _score_table(labels, columns)
+    report: paired.Report | None = None
+    if len(fetched) != 2:
+        why_not = "a paired test compares exactly two jobs"
+    else:
+        sides = [_side(cluster, job, label) for job, label in zip(fetched, labels, strict=True)]
+        why_not = "; ".join(why for _, why in sides if why)
+        if not why_not:
+            report = paired.compare_sides(
+                sides[0][0],
+                sides[1][0],
+                tasks=args.task or (),
+                metrics=args.metric or (),
+                confidence=args.confidence,
+                task_order=[str(t) for t in facts.spec(fetched[0]).get("tasks") or []],
+            )
+    if report is None and not order:
         raise CliError("none of these jobs has results to compare", ExitCode.NOT_FOUND)
     if args.output == "json":
-        table = [
-            {
-                "task": task,
-                "metric": metric,
-                "filter": filt,
-                "values": {
-                    label: (
-                        col[(task, metric, filt)].as_dict() if (task, metric, filt) in col else None
-                    )
-                    for label, col in zip(labels, columns, strict=True)
-                },
-            }
-            for task, metric, filt in order
-        ]
-        out.write(json.dumps(table, indent=2))
+        document: dict[str, Any] = {"jobs": labels, "scores": table}
+        if report is not None:
+            document["paired"] = [row.as_dict() for row in report.rows]
+            document["warnings"] = report.warnings
+        else:
+            document["paired"] = None
+            document["noPairedTest"] = why_not
+        out.write(json.dumps(document, indent=2))
         return ExitCode.OK
-    headers = ["TASK", "METRIC", "FILTER", *labels]
-    grid_rows = []
-    for key in order:
-        values = [facts.format_value(col[key].value) if key in col else "-" for col in columns]
-        grid_rows.append([*key, *values])
-    _print_grid(out, (headers, grid_rows), args.output, tuple(labels))
+    if report is None:
+        headers = ["TASK", "METRIC", "FILTER", *labels]
+        grid_rows = []
+        for key in order:
+            values = [facts.format_value(col[key].value) if key in col else "-" for col in columns]
+            grid_rows.append([*key, *values])
+        _print_grid(out, (headers, grid_rows), args.output, tuple(labels))
+        out.note(f"no paired test: {why_not}")
+        return ExitCode.OK
+    if not report.rows:
+        raise CliError(
+            "no per-item scores match --task/--metric (in either job)", ExitCode.NOT_FOUND
+        )
+    grid, notes = render.paired_grid(report, footnotes=args.output == "table")
+    if args.output == "table":
+        out.write(render.paired_heading(labels[0], labels[1], args.confidence))
+    _print_grid(out, grid, args.output, render.PAIRED_RIGHT)
+    if args.output == "table":
+        for line in render.paired_notes(report, notes):
+            out.write(line)
+    else:
+        for warning in report.warnings:
+            out.note(f"warning: {render.safe(warning)}")
     return ExitCode.OK
 
 

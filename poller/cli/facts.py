@@ -8,17 +8,24 @@ camelCase keys) and never fail on a partial object: a job the poller has not
 seen yet has no status at all, and results may be absent, reduced or
 malformed. Score rows are read by `poller.results.score_rows` (re-exported
 here), the one reading of lm_eval's scores that the metrics and the sandbox
-use too. Rendering (rich tables, CSV, Markdown) is in ``render``.
+use too. The per-item scores and the provenance a paired comparison reads
+come from the job's results ConfigMap (decompressed with a bound: the job's
+author wrote them), else from status. Rendering (rich tables, CSV, Markdown)
+is in ``render``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import json
+import zlib
 from typing import Any
 
+from driver.itemscores import ITEM_SCORES_LIMITS, ItemScores, decode_item_scores
 from poller import api
-from poller.results import ScoreRow, score_rows
+from poller.results import ITEMS_KEY, PROVENANCE_KEY, ScoreRow, score_rows
 from poller.timefmt import parse_time
 
 __all__ = [
@@ -27,10 +34,12 @@ __all__ = [
     "conditions",
     "format_value",
     "headline",
+    "item_scores",
     "job_results",
     "model_text",
     "parse_time",
     "progress_text",
+    "provenance",
     "reason",
     "score_rows",
     "spec_summary",
@@ -160,6 +169,17 @@ def _pairs(items: Any) -> str:
     return ",".join(f"{i.get('name')}={i.get('value')}" for i in items or [] if isinstance(i, dict))
 
 
+def _gate_text(gate: Any) -> str:
+    """spec.gate in one line, with the API's defaults filled in."""
+    if not isinstance(gate, dict):
+        return ""
+    higher = "" if gate.get("higherIsBetter", True) else ", lower is better"
+    return (
+        f"{gate.get('task')} {gate.get('metric') or api.DEFAULT_GATE_METRIC}: regressed if it "
+        f"drops by more than {gate.get('maxDrop', 0)} with p < {gate.get('alpha', 0.05)}{higher}"
+    )
+
+
 def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) lines that describe what the job evaluates, set fields only."""
     the_spec = spec(job)
@@ -187,6 +207,8 @@ def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
                 for e in the_spec.get("envSecrets") or []
             ),
         ),
+        ("Baseline", the_spec.get("baseline")),
+        ("Gate", _gate_text(the_spec.get("gate"))),
         ("Deadline", the_spec.get("activeDeadlineSeconds")),
         ("TTL after finished", the_spec.get("ttlSecondsAfterFinished")),
         ("Suspend", the_spec.get("suspend")),
@@ -199,3 +221,110 @@ def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
                 text += " s"
             lines.append((label, text))
     return lines
+
+
+# -- per-item scores and provenance (issue 19) -----------------------------------
+
+# Why a job has no per-item scores when its status does not say.
+NO_ITEMS_HINT = "its results ConfigMap holds no per-item scores (submit with --log-samples)"
+
+
+def _gunzip_bounded(packed: str, limit: int) -> bytes:
+    """gzip'd base64 text, refusing more than `limit` bytes once inflated (a bomb)."""
+    inflater = zlib.decompressobj(wbits=31)
+    raw = inflater.decompress(base64.b64decode(packed, validate=True), limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"more than {limit} bytes once decompressed")
+    return raw
+
+
+def item_scores(
+    job: dict[str, Any], configmap: dict[str, Any] | None
+) -> tuple[ItemScores | None, str]:
+    """The job's decoded per-item scores, or None and why there are none."""
+    packed = ((configmap or {}).get("binaryData") or {}).get(ITEMS_KEY)
+    if not packed:
+        stored = status(job).get("itemScores")
+        message = stored.get("message") if isinstance(stored, dict) else None
+        return None, str(message) if message else NO_ITEMS_HINT
+    try:
+        raw = _gunzip_bounded(str(packed), ITEM_SCORES_LIMITS.max_bytes)
+        return decode_item_scores(raw), ""
+    except (ValueError, binascii.Error, zlib.error) as error:
+        return None, f"its per-item scores cannot be read: {str(error)[:200]}"
+
+
+def provenance(job: dict[str, Any], configmap: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's provenance: the full copy in the results ConfigMap, else status.provenance."""
+    text = ((configmap or {}).get("data") or {}).get(PROVENANCE_KEY)
+    if isinstance(text, str) and len(text) <= ITEM_SCORES_LIMITS.max_bytes:
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+    found = status(job).get("provenance")
+    return found if isinstance(found, dict) else {}
+
+
+_SEEDS = ("random", "numpy", "torch", "fewshot")
+
+
+def _seed_order(item: tuple[str, Any]) -> tuple[int, str]:
+    """lm_eval's order of its seeds (the API server returns keys sorted by name)."""
+    return (_SEEDS.index(item[0]) if item[0] in _SEEDS else len(_SEEDS), item[0])
+
+
+def provenance_pairs(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) lines of status.provenance for `lmeval get`, set fields only."""
+    found = status(job).get("provenance")
+    if not isinstance(found, dict):
+        return []
+    seeds = found.get("seeds")
+    hashes = found.get("taskHashes")
+    argv = found.get("argv")
+    lines: list[tuple[str, Any]] = [
+        ("lm_eval version", found.get("lmEvalVersion")),
+        ("Driver version", found.get("driverVersion")),
+        ("Image", found.get("image")),
+        ("Image ID", found.get("imageID")),
+        ("Model", found.get("model")),
+        ("Model name", found.get("modelName")),
+        ("Server models", found.get("serverModels")),
+        (
+            "Seeds",
+            " ".join(f"{k}={v}" for k, v in sorted(seeds.items(), key=_seed_order))
+            if isinstance(seeds, dict)
+            else seeds,
+        ),
+        (
+            "Task hashes",
+            ", ".join(f"{k}={str(v)[:16]}" for k, v in hashes.items())
+            if isinstance(hashes, dict)
+            else hashes,
+        ),
+        ("Argv", " ".join(str(a) for a in argv) if isinstance(argv, list) else argv),
+    ]
+    return [(label, str(value)) for label, value in lines if value not in (None, "", [], {})]
+
+
+def item_scores_text(job: dict[str, Any]) -> str:
+    """status.itemScores in words: where they are kept and how many, or why none."""
+    found = status(job).get("itemScores")
+    if not isinstance(found, dict):
+        return ""
+    stored = str(found.get("stored") or "None")
+    counts = (
+        f"{found.get('tasks', 0)} tasks, {found.get('items', 0)} items, "
+        f"{found.get('bytes', 0)} bytes"
+    )
+    message = str(found.get("message") or "")
+    if stored == "None":
+        return f"none{': ' + message if message else ''}"
+    return f"{stored} ({counts}){': ' + message if message else ''}"
+
+
+def gate_condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The regression gate's condition (type Regressed), when the job has one."""
+    return next((c for c in conditions(job) if c.get("type") == "Regressed"), None)

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -27,9 +28,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from poller.cli import facts
+from poller import pairedstats
+from poller.cli import facts, paired
 
 __all__ = [
+    "PAIRED_RIGHT",
     "Grid",
     "Output",
     "details",
@@ -39,6 +42,10 @@ __all__ = [
     "grid_table",
     "jobs_grid",
     "make_console",
+    "paired_grid",
+    "paired_heading",
+    "paired_notes",
+    "safe",
     "scores_grid",
 ]
 
@@ -207,6 +214,85 @@ def scores_grid(rows: list[facts.ScoreRow]) -> Grid:
     ]
 
 
+# -- the paired comparison (lmeval compare A B) -------------------------------------
+
+PAIRED_RIGHT = ("N", "A", "B", "B-A", "P", "DOWN", "UP")
+_SHORT_TEST = {
+    pairedstats.MCNEMAR: "McNemar",
+    pairedstats.BOOTSTRAP: "bootstrap",
+    pairedstats.NORMAL: "normal",
+}
+
+
+def safe(text: str, width: int = 300) -> str:
+    """Task names, metric names and reasons come from the job's pod: no control
+    characters (a terminal would obey an escape sequence), bounded."""
+    clean = "".join("?" if unicodedata.category(c).startswith("C") else c for c in text)
+    return clean if len(clean) <= width else clean[: width - 3] + "..."
+
+
+def paired_heading(a: str, b: str, confidence: float) -> str:
+    return (
+        f"A = {a} (baseline), B = {b} (candidate); {confidence:.0%} intervals, "
+        f"significant when p < {1 - confidence:.2g}"
+    )
+
+
+def paired_grid(report: paired.Report, *, footnotes: bool) -> tuple[Grid, list[str]]:
+    """The table of `report`; refusals point to numbered notes when `footnotes`."""
+    confidence = next((r.result.confidence for r in report.rows if r.result), 0.95)
+    headers = ["TASK", "METRIC", "N", "A", "B", "B-A", f"{confidence:.0%} CI", "P", "DOWN", "UP"]
+    headers += ["TEST", "VERDICT"]
+    rows, notes = [], []
+    for row in report.rows:
+        r = row.result
+        if r is None:
+            if footnotes:
+                notes.append(f"{row.task} {row.metric}: {row.reason}")
+                refused = f"not compared ({len(notes)})"
+            else:
+                refused = f"not compared: {row.reason}"
+            rows.append([safe(row.task), safe(row.metric), *["-"] * 9, safe(refused)])
+            continue
+        direction = "" if row.higher_is_better is not None else " (assumed higher is better)"
+        rows.append(
+            [
+                safe(row.task),
+                safe(row.metric),
+                str(r.n),
+                f"{r.mean_a:.4f}",
+                f"{r.mean_b:.4f}",
+                f"{r.difference:+.4f}",
+                f"[{r.ci_low:+.4f},{r.ci_high:+.4f}]",
+                pairedstats.format_p(r.p_value),
+                str(r.a_only),
+                str(r.b_only),
+                _SHORT_TEST.get(r.test, r.test),
+                row.verdict + direction,
+            ]
+        )
+    return (headers, rows), notes
+
+
+def paired_notes(report: paired.Report, notes: list[str]) -> list[str]:
+    """The lines under the paired table: why pairs were refused, what differs between the runs."""
+    lines, warnings = [], report.warnings
+    left_out = [
+        f"  {row.task} {row.metric}: {row.dropped} documents without a value in both runs"
+        for row in report.rows
+        if row.dropped
+    ]
+    if left_out:
+        lines += ["", "Left out (lm_eval wrote NaN):", *left_out]
+    if notes:
+        lines += ["", "Not compared:"]
+        lines += [f"  ({number}) {note}" for number, note in enumerate(notes, start=1)]
+    if warnings:
+        lines += ["", "Warnings (provenance differs):"]
+        lines += [f"  {warning}" for warning in warnings]
+    return [safe(line, 1000) for line in lines]
+
+
 def _kv_table(pairs: list[tuple[str, str]]) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
@@ -243,6 +329,17 @@ def _status_pairs(job: dict[str, Any], now: dt.datetime) -> list[tuple[str, str]
     ):
         if the_status.get(key):
             pairs.append((label, str(the_status[key])))
+    gate = facts.gate_condition(job)
+    if gate is not None:
+        pairs.append(
+            (
+                "Regressed",
+                f"{gate.get('status')} ({gate.get('reason') or '-'}): {gate.get('message') or ''}",
+            )
+        )
+    items = facts.item_scores_text(job)
+    if items:
+        pairs.append(("Per-item scores", items))
     for source in the_status.get("taskSources") or []:
         if isinstance(source, dict):
             where = f"{source.get('url')}" + (
@@ -301,6 +398,10 @@ def details(
     """The renderables of `lmeval get NAME`, in order."""
     parts: list[Any] = [_kv_table(_status_pairs(job, now)), Text(""), Text("Spec:", style="bold")]
     parts.append(_kv_table([("  " + k, v) for k, v in facts.spec_summary(job)]))
+    provenance = facts.provenance_pairs(job)
+    if provenance:
+        parts += [Text(""), Text("Provenance:", style="bold")]
+        parts.append(_kv_table([("  " + k, v) for k, v in provenance]))
     parts += [Text(""), Text("Conditions:", style="bold")]
     cond = _conditions_grid(job, now)
     parts.append(grid_table(cond) if cond[1] else Text("  <none>"))

@@ -6,7 +6,8 @@ committed file and the models disagree (a test runs the check). pydantic's
 JSON Schema is close to what the apiserver wants; the differences handled
 here are the ones a *structural* schema requires: every ``$ref`` inlined, no
 ``anyOf`` for optional fields, no titles, and Kubernetes' own extensions
-(``x-kubernetes-int-or-string``, list-map keys for conditions). Rules a
+(``x-kubernetes-int-or-string``, list-map keys for conditions, exclusive
+bounds in OpenAPI v3's form). Rules a
 schema keyword cannot say arrive from the models as CEL
 ``x-kubernetes-validations`` (see ``poller.specrules``) and pass through,
 merged with the CEL rule that stands in for a map's key pattern.
@@ -83,6 +84,11 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out[key] = [*out.get(key, []), *value]
         elif key == "enum":
             out[key] = list(value)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020's number form; OpenAPI v3 (Kubernetes) says the
+            # bound in minimum/maximum and flags it exclusive.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         else:
             out[key] = value
     if out.get("x-kubernetes-int-or-string"):
@@ -155,6 +161,12 @@ def crd_manifest() -> dict[str, Any]:
                             "jsonPath": ".status.message",
                             "priority": 1,
                         },
+                        {
+                            "name": "Regressed",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Regressed")].status',
+                            "priority": 1,
+                        },
                     ],
                     "schema": {
                         "openAPIV3Schema": {
@@ -162,6 +174,15 @@ def crd_manifest() -> dict[str, Any]:
                             "description": "An lm-evaluation-harness run, executed by the "
                             "lmeval poller in a pod of its own.",
                             "required": ["spec"],
+                            # Only the root may read metadata.name.
+                            _VALIDATIONS: [
+                                {
+                                    "rule": "!has(self.spec.baseline) || "
+                                    "self.spec.baseline != self.metadata.name",
+                                    "message": "spec.baseline names this job itself",
+                                    "fieldPath": ".spec.baseline",
+                                }
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

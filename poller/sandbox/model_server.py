@@ -14,6 +14,11 @@ model weights:
   identical scores and some answers are "greedy";
 * a canned generation text, which tests set to make the model "say" things,
   e.g. forged ``::lmeval::`` marker lines;
+* a model made worse on purpose (``wrong_share``, ``--wrong-share``): that
+  share of generation prompts is answered with ``wrong_text`` instead, which
+  prompts is decided by a hash of the prompt (so reruns agree, and the same
+  documents are wrong every time), for the regression gate's tests; the
+  loglikelihoods are unchanged;
 * optional failure injection (the first N completion requests fail with a
   chosen error body) and per-request delay, for failure and cancel tests;
 * an OpenAI-style chat endpoint (``/v1/chat/completions``, lm_eval's
@@ -125,8 +130,14 @@ class ModelServer:
         error_text: str = "internal error",
         delay: float = 0.0,
         tls: tuple[str, str] | None = None,
+        wrong_share: float = 0.0,
+        wrong_text: str = "I do not know",
     ) -> None:
+        if not 0.0 <= wrong_share <= 1.0:
+            raise ValueError(f"wrong_share must be between 0 and 1, not {wrong_share}")
         self.host = _loopback_only(host)
+        self.wrong_share = wrong_share
+        self.wrong_text = wrong_text
         self.tls = tls
         self.port = port
         self.generation_text = generation_text
@@ -222,6 +233,19 @@ class ModelServer:
         with self._lock:
             return self.counts.get(endpoint, 0)
 
+    def answers_wrongly(self, prompt: Sequence[int]) -> bool:
+        """Whether this server answers the generation `prompt` (its tokens) wrongly:
+        a fixed share of prompts, chosen by the prompt's hash."""
+        if self.wrong_share <= 0.0:
+            return False
+        return _hash(list(prompt), -1) % 1_000_000 < round(self.wrong_share * 1_000_000)
+
+    def _answer(self, prompt: Sequence[int]) -> str:
+        if self.answers_wrongly(prompt):
+            self._bump("wrong-answers")
+            return self.wrong_text
+        return self.generation_text
+
     def _bump(self, endpoint: str) -> int:
         with self._lock:
             self.counts[endpoint] = self.counts.get(endpoint, 0) + 1
@@ -252,7 +276,8 @@ class ModelServer:
             if echo:
                 choices.append(self._echo_choice(index, prompt, logprobs is not None))
             else:
-                choices.append(self._generate_choice(index, max_tokens, stops))
+                answer = self._answer(prompt)
+                choices.append(self._generate_choice(index, max_tokens, stops, answer))
         return {
             "id": f"cmpl-{self._bump('completion-ids')}",
             "object": "text_completion",
@@ -274,7 +299,9 @@ class ModelServer:
         max_tokens = int(body.get("max_tokens") or 16)
         stop = body.get("stop") or []
         stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str)]
-        choice = self._generate_choice(0, max_tokens, stops)
+        conversation = json.dumps(messages, sort_keys=True, separators=(",", ":"))
+        answer = self._answer(self.tokenizer.encode(conversation))
+        choice = self._generate_choice(0, max_tokens, stops, answer)
         return {
             "id": f"chatcmpl-{self._bump('chat-ids')}",
             "object": "chat.completion",
@@ -324,8 +351,10 @@ class ModelServer:
             "finish_reason": "length",
         }
 
-    def _generate_choice(self, index: int, max_tokens: int, stops: list[str]) -> dict[str, Any]:
-        text = self.tokenizer.decode(self.tokenizer.encode(self.generation_text)[:max_tokens])
+    def _generate_choice(
+        self, index: int, max_tokens: int, stops: list[str], answer: str
+    ) -> dict[str, Any]:
+        text = self.tokenizer.decode(self.tokenizer.encode(answer)[:max_tokens])
         finish = "length"
         for s in stops:
             at = text.find(s) if s else -1
@@ -462,6 +491,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--error-text", default="internal error")
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument(
+        "--wrong-share",
+        type=float,
+        default=0.0,
+        help="answer this share of generation prompts wrongly (chosen by the prompt's hash)",
+    )
+    parser.add_argument("--wrong-text", default="I do not know")
     parser.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (with --tls-key)")
     parser.add_argument("--tls-key", help="PEM key of --tls-cert")
     args = parser.parse_args(argv)
@@ -476,6 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         error_text=args.error_text,
         delay=args.delay,
         tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        wrong_share=args.wrong_share,
+        wrong_text=args.wrong_text,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

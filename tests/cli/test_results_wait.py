@@ -114,7 +114,9 @@ def test_results_in_every_format_and_compare(
         "| toy_mc | acc | none | "
         f"{acc:.4f} | 0.8750 |" in cli("compare", "base", "tuned", "-o", "markdown").stdout
     )
-    as_json_rows = json.loads(cli("compare", "base", "tuned", "-o", "json").stdout)
+    as_json = json.loads(cli("compare", "base", "tuned", "-o", "json").stdout)
+    assert as_json["jobs"] == ["base", "tuned"] and as_json["paired"] is None
+    as_json_rows = as_json["scores"]
     f1 = next(r for r in as_json_rows if r["metric"] == "f1")
     assert f1["values"]["base"] is None and f1["values"]["tuned"]["value"] == 0.5
 

@@ -6,7 +6,8 @@ stamps a whole file with one timestamp); score rows and the headline score
 skip stderr and metadata keys and keep the job's task order; kubectl-style
 ages; ``ns/name`` and ``lmevaljob/name`` references; RBAC messages parsed
 from the apiserver's wording, namespaced and cluster-wide; flag parsing for
-tolerations and secrets; timeouts.
+tolerations and secrets; timeouts; the regression gate in ``lmeval get``'s
+summary of the spec.
 """
 
 from __future__ import annotations
@@ -263,3 +264,22 @@ def test_git_tasks_flag() -> None:
         CliError, match=r"spec.customTasks\[0\].git.url \(--custom-tasks/--git-tasks\)"
     ):
         submit.validate(bad, from_flags=True)
+
+
+def test_spec_summary_names_the_baseline_and_the_gate() -> None:
+    job = {
+        "spec": {
+            "model": "hf",
+            "baseline": "prod",
+            "gate": {"task": "arc_easy", "maxDrop": 0.01},
+        }
+    }
+    summary = dict(facts.spec_summary(job))
+    assert summary["Baseline"] == "prod"
+    assert (
+        summary["Gate"]
+        == "arc_easy acc,none: regressed if it drops by more than 0.01 with p < 0.05"
+    )
+    job["spec"]["gate"] = {"task": "t", "metric": "ppl,none", "higherIsBetter": False}
+    assert dict(facts.spec_summary(job))["Gate"].endswith("p < 0.05, lower is better")
+    assert "Gate" not in dict(facts.spec_summary({"spec": {"model": "hf"}}))

@@ -130,7 +130,7 @@ HOSTILE: dict[str, tuple[Callable[[], str], str, int]] = {
     # server that is not what it should be): even the narrow window is cut.
     "long-lines": (
         lambda: long_lines_then(encode_marker("completed", run_id="r", exit_code=0) + "\n"),
-        "the log window (its last 115 lines) exceeded 2097152 bytes",
+        "the log window (its last 127 lines) exceeded 2097152 bytes",
         1 << 30,
     ),
 }

@@ -15,6 +15,9 @@ Checks, on LMEvalJobs of the real CRD:
   Secrets of ``spec.offline.storage.s3`` and the claims in
   ``spec.outputs.pvcName`` and ``spec.offline.storage.pvcName``; creating
   claims for ``spec.outputs.pvcManaged`` needs the right to create them;
+- a ``spec.baseline`` (the regression gate's) that its requester may not
+  ``get`` is refused, naming the field and the job; one they may get is
+  admitted;
 - more than 8 distinct Secrets are refused unless the requester may read
   every Secret of the namespace (the per-name checks are capped by CEL's cost
   budget);
@@ -724,3 +727,45 @@ def test_managed_outputs_claims_need_the_right_to_create_claims(people: People) 
         "spec.outputs.pvcManaged: alice may not create PersistentVolumeClaims in namespace",
     )
     assert people.create("carol", managed) == (201, "")
+
+
+def test_a_baseline_needs_the_requesters_read_right(
+    policy: ControlPlane, admin_api: client.ApiClient, namespace: str
+) -> None:
+    # dave may create jobs and pods, but get only the LMEvalJob base-shared.
+    rules = [
+        {"apiGroups": [api.API_GROUP], "resources": [api.PLURAL], "verbs": ["create"]},
+        {
+            "apiGroups": [api.API_GROUP],
+            "resources": [api.PLURAL],
+            "resourceNames": ["base-shared"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+    ]
+    objects = [_role("lmevaljob-dave", rules), _binding("lmevaljob-dave", "dave")]
+    policy.kubectl("apply", "-n", namespace, "-f", "-", input_text=yaml.safe_dump_all(objects))
+    dave = api_client(user_kubeconfig(policy, "dave"))
+    custom = client.CustomObjectsApi(dave)
+    gate = {"task": "toy_mc"}
+
+    def create(baseline: str) -> tuple[int, str]:
+        body = job("gated", baseline=baseline, gate=gate)
+        try:
+            custom.create_namespaced_custom_object(
+                api.API_GROUP, api.API_VERSION, namespace, api.PLURAL, body, dry_run="All"
+            )
+        except ApiException as error:
+            return error.status, json.loads(error.body).get("message", "")
+        return 201, ""
+
+    try:
+        wait_for(lambda: create("base-shared")[0] == 201, timeout=30, what="dave's RBAC")
+        refused(
+            create("base-hidden"),
+            403,
+            "spec.baseline: dave may not get LMEvalJob base-hidden in namespace",
+            "regression gate",
+        )
+    finally:
+        dave.close()

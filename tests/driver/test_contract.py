@@ -23,6 +23,7 @@ from driver.protocol import (
     ENV_OUTPUT_ROOT,
     EVENT_RESULTS,
     FinalFields,
+    ItemsChunkFields,
     ProgressFields,
     ResultsChunkFields,
     StartedFields,
@@ -35,6 +36,7 @@ PAYLOADS: dict[str, Any] = {
     "started": StartedFields,
     "progress": ProgressFields,
     "results": ResultsChunkFields,
+    "items": ItemsChunkFields,
     "completed": FinalFields,
     "failed": FinalFields,
     "cancelled": FinalFields,
@@ -64,10 +66,20 @@ def _assert_payload_is_typed(body: dict[str, Any]) -> None:
     assert read_complete_fields(payload, kind) == payload, body  # every value well typed
 
 
+# After WRITE_RESULTS: a samples file of lm_eval's shape beside the results.
+WRITE_SAMPLES = """
+line = {"doc_id": 0, "filter": "none", "metrics": ["acc"], "doc_hash": "a" * 64, "acc": 1.0}
+import json
+with open(os.path.join(out, "fake", "samples_t_2026.jsonl"), "w") as g:
+    g.write(json.dumps(line) + "\\n")
+"""
+
+
 @pytest.mark.parametrize(
     "child",
     [
         pytest.param(fake_child(PROGRESS_CHILD + WRITE_RESULTS), id="completed"),
+        pytest.param(fake_child(WRITE_RESULTS + WRITE_SAMPLES), id="completed-with-items"),
         pytest.param(fake_child(PROGRESS_CHILD + "raise SystemExit(3)"), id="failed"),
         pytest.param(fake_child("import os; os.kill(os.getpid(), 9)"), id="killed"),
         pytest.param(fake_child("pass"), id="no-results"),
@@ -82,6 +94,9 @@ def test_every_marker_the_driver_writes_has_its_typed_payload(
     run = run_driver([f"{protocol.OPT_OUTPUT_ROOT}={tmp_path / 'root'}"], child, env)
     bodies = _bodies(run.out)
     assert bodies[0]["event"] == "started" and bodies[-1]["event"] in protocol.FINAL_EVENTS
+    if "samples_t" in child[-1]:
+        assert [b["event"] for b in bodies[-3:]] == ["results", "items", "completed"]
+        assert bodies[-1]["items_chunks"] == 1
     for body in bodies:
         _assert_payload_is_typed(body)
 

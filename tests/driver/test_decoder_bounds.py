@@ -125,7 +125,7 @@ def test_encoded_characters_are_capped_within_the_chunk_count() -> None:
         decoder.feed_line(line)
     result = decoder.result()
     assert result.results_error == "encoded results exceed the 1048576 character limit"
-    assert decoder._results_set is not None and decoder._results_set.chunks == {}
+    assert decoder._sets["results"].chunks == {}
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_many_alternating_results_sets_keep_one_set() -> None:
     decoder = LogDecoder()
     for line in text.split("\n"):
         decoder.feed_line(line)
-    assert decoder._results_set is not None and len(decoder._results_set.chunks) == 1
+    assert len(decoder._sets["results"].chunks) == 1
     assert decoder.result().results_error == (
         "log ends before the last results chunk (1 of 2 chunks seen)"
     )
@@ -196,7 +196,7 @@ def test_results_json_keeps_nan_as_lm_eval_writes_it() -> None:
 
 def test_oversized_or_misshapen_markers_are_ignored() -> None:
     long_failed = encode_marker("failed", exit_code=1, message="x" * protocol.MAX_MARKER_CHARS)
-    wide = encode_marker("progress", **{f"k{i}": i for i in range(200)})
+    wide = encode_marker("progress", **{f"k{i}": i for i in range(protocol.MAX_MARKER_ELEMENTS)})
     deep = MARKER_PREFIX + '{"v":1,"event":"failed","a":' + "[" * 10 + "]" * 10 + "}"
     very_deep = MARKER_PREFIX + '{"v":1,"event":"failed","a":' + "[" * 16000 + "]" * 16000 + "}"
     for line in (long_failed, wide, deep, very_deep):
@@ -318,7 +318,7 @@ def test_the_decoder_never_raises(lines: list[str]) -> None:
 
 
 def test_an_unexpected_failure_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    def explode(self: LogDecoder, body: dict[str, Any]) -> None:
+    def explode(self: LogDecoder, body: dict[str, Any], limits: object) -> None:
         raise MemoryError
 
     monkeypatch.setattr(LogDecoder, "_add_chunk", explode)

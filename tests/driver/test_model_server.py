@@ -2,8 +2,9 @@
 
 Checks the vLLM-style tokenizer endpoints, the completions response shapes
 (parsed by lm_eval's own ``LocalCompletionsAPI`` parsers), determinism,
-stop sequences, failure injection, the chat endpoint, the loopback-only rule and the
-standalone ``python -m poller.sandbox.model_server`` form.
+stop sequences, failure injection, a model made worse on purpose (a fixed
+share of prompts, chosen by their hash, answered wrongly), the chat endpoint,
+the loopback-only rule and the standalone ``python -m poller.sandbox.model_server`` form.
 """
 
 from __future__ import annotations
@@ -164,3 +165,22 @@ def test_chat_endpoint_answers_and_keeps_what_it_received(srv: ModelServer) -> N
     with pytest.raises(urllib.error.HTTPError) as caught:
         call(srv.chat_url, {"messages": "not a list"})
     assert caught.value.code == 400
+
+
+def test_wrong_share_answers_a_fixed_share_of_prompts_wrongly_and_reruns_agree() -> None:
+    prompts = [f"Question: what is {i} plus {i}?\nAnswer:" for i in range(400)]
+    with ModelServer(generation_text="42", wrong_share=0.3, wrong_text="no") as worse:
+        body = {"model": "toy", "prompt": prompts, "max_tokens": 8, "temperature": 0}
+        texts = [c["text"] for c in call(worse.completions_url, body)["choices"]]
+        again = [c["text"] for c in call(worse.completions_url, body)["choices"]]
+        chat = {"model": "toy", "messages": [{"role": "user", "content": prompts[0]}]}
+        chat_text = call(worse.chat_url, chat)["choices"][0]["message"]["content"]
+        assert worse.count("wrong-answers") == 2 * texts.count("no") + (chat_text == "no")
+    assert texts == again and set(texts) == {"42", "no"}
+    assert 0.25 < texts.count("no") / len(texts) < 0.35
+    wrong = [worse.answers_wrongly(list(p.encode())) for p in prompts]
+    assert wrong == [t == "no" for t in texts]
+    with ModelServer(generation_text="42") as good:
+        assert not any(good.answers_wrongly(list(p.encode())) for p in prompts)
+    with pytest.raises(ValueError, match="wrong_share"):
+        ModelServer(wrong_share=1.5)

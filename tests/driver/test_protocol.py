@@ -372,7 +372,7 @@ def test_results_over_the_cap_are_refused_not_buffered() -> None:
     result = decoder.result()
     assert result.results is None
     assert result.results_error is not None and "exceed" in result.results_error
-    assert sum(len(c) for c in decoder._results_set.chunks.values()) == 0  # type: ignore[union-attr]
+    assert sum(len(c) for c in decoder._sets["results"].chunks.values()) == 0
 
 
 def test_progress_events_are_capped_but_final_events_kept() -> None:

@@ -65,7 +65,7 @@ NO_RESULTS = [encode_marker("completed", run_id="r", exit_code=0, message="ok")]
 def test_a_cut_first_window_is_read_again_narrower() -> None:
     first = outcome.next_results_window(FINISHED, read(NO_RESULTS, 400, cut=True))
     assert first == outcome.RESULTS_TAIL_LINES
-    assert outcome.RESULTS_TAIL_LINES == 115
+    assert outcome.RESULTS_TAIL_LINES == 127
     assert outcome.RESULTS_TAIL_LINES * outcome.RUNTIME_LINE_BYTES <= LOG_READ_RESULTS_BYTES
 
 

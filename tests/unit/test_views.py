@@ -1,14 +1,16 @@
 """How a listed object becomes the views a cycle holds, without a cluster.
 
 Checks: a finished job's view is compact (only `FINISHED_SPEC_KEYS` of its
-spec, no results text, no conditions) while every other job's view keeps
+spec, no results text, no conditions, no provenance) while every other job's view keeps
 its whole spec and status; the scores are parsed once into the view for any
 job that has results, junk results give none; a compact view still makes
 the decisions a finished job needs (TTL) and the status patch a cycle would
 send for it can never erase what the view left out; `parse_scores` interns
 the names every job repeats; an object that cannot be read as a job still
 gets a view (what of its status validates alone), which ends it Failed
-saying why, or, when it had finished, still expires by its TTL.
+saying why, or, when it had finished, still expires by its TTL; a pod's
+view carries the main container's image and imageID as the kubelet reports
+them, in every state.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from poller.reconciler import Reconciler
 from poller.results import parse_scores
 from poller.settings import Settings
 from poller.timefmt import format_time
-from poller.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView
+from poller.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView, PodView
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 RESULTS = {
@@ -76,7 +78,11 @@ def listed(state: str, *, results: bool = True, finished_ago: float = 60) -> dic
         status["completeTime"] = format_time(NOW - dt.timedelta(seconds=finished_ago))
     if results:
         status.update(
-            results=json.dumps(RESULTS), resultsReduced=False, resultsConfigMap="eval-results"
+            results=json.dumps(RESULTS),
+            resultsReduced=False,
+            resultsConfigMap="eval-results",
+            provenance={"imageID": "sha256:" + "a" * 64, "argv": ["lm_eval", "--tasks", "t"]},
+            itemScores={"stored": "ConfigMap", "tasks": 1, "items": 10, "bytes": 300},
         )
     api.LMEvalJobStatus.model_validate(status)
     return {
@@ -99,7 +105,10 @@ def test_a_finished_jobs_view_is_compact() -> None:
     assert view.spec == {"model": "hf", "ttlSecondsAfterFinished": 600}
     assert view.status.results is None
     assert view.status.conditions is None
-    assert {"results", "conditions"} == FINISHED_STATUS_OMITS
+    assert view.status.provenance is None  # a few KB a job, read only by the CLI
+    assert {"results", "conditions", "provenance"} == FINISHED_STATUS_OMITS
+    # The gate reads a finished baseline's itemScores.
+    assert view.status.item_scores is not None and view.status.item_scores.items == 10
     # What the metrics and the TTL read is all there.
     assert view.status.state == api.JobState.COMPLETE
     assert view.status.reason == api.JobReason.SUCCEEDED
@@ -201,3 +210,27 @@ def test_an_unreadable_job_is_kept_and_ended_with_the_reason() -> None:
 
 def test_an_unreadable_finished_job_still_expires() -> None:
     assert decide.decide(_unreadable("Complete"), None, Settings(), NOW).actions == [DeleteJob()]
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"terminated": {"exitCode": 0, "reason": "Completed"}},
+        {"running": {"startedAt": "2026-11-30T11:00:00Z"}},
+        {"waiting": {"reason": "ContainerCreating"}},
+        {},
+    ],
+)
+def test_the_pod_view_carries_the_image_the_kubelet_ran(state: dict[str, Any]) -> None:
+    digest = "docker.io/library/python@sha256:" + "e" * 64
+    statuses = [
+        {"name": "other", "image": "x", "imageID": "y", "state": state},
+        {"name": "lmeval", "image": "python:3.12", "imageID": digest, "state": state},
+    ]
+    view = PodView.from_object(
+        {"metadata": {"name": "p"}, "status": {"containerStatuses": statuses}}, "lmeval"
+    )
+    assert (view.main.image, view.main.image_id) == ("python:3.12", digest)
+    junk = [{"name": "lmeval", "image": 5, "imageID": None, "state": state}]
+    view = PodView.from_object({"status": {"containerStatuses": junk}}, "lmeval")
+    assert (view.main.image, view.main.image_id) == ("", "")

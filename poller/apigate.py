@@ -1,0 +1,87 @@
+"""The LMEvalJob API: the regression gate's spec.gate and status.gate.
+
+Why a module of its own: the gate (`poller.gate`) has a spec block and a
+status block of its own, and `poller.api` stays readable without them.
+Re-exported by ``poller.api``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from poller.apibase import TASK_NAME, _Model
+
+__all__ = ["DEFAULT_GATE_METRIC", "GATE_METRIC", "GateStatus", "RegressionGate"]
+
+# A score's key in lm_eval's results: "<metric>,<filter>" (acc,none; exact_match,strict-match).
+GATE_METRIC = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*,[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+DEFAULT_GATE_METRIC = "acc,none"
+
+
+class RegressionGate(_Model):
+    """spec.gate: which score of which task may not drop against spec.baseline, and how
+    sure the poller must be that it did (a paired test over the same documents)."""
+
+    task: Annotated[str, Field(pattern=TASK_NAME, max_length=256)] = Field(
+        description="The task compared (one of spec.tasks, or a task of a group in it)."
+    )
+    metric: Annotated[str, Field(pattern=GATE_METRIC, max_length=128)] = Field(
+        default=DEFAULT_GATE_METRIC,
+        description="The score compared, as lm_eval's results key <metric>,<filter> "
+        f"(default {DEFAULT_GATE_METRIC}; e.g. exact_match,strict-match).",
+    )
+    max_drop: Annotated[float, Field(ge=0, le=1e9)] = Field(
+        default=0.0,
+        description="The largest acceptable drop, in the metric's units (0.02 is two points "
+        "of accuracy); default 0.",
+    )
+    alpha: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.05,
+        description="Significance level: a drop counts only when the paired test's p-value "
+        "is below it; default 0.05.",
+    )
+    higher_is_better: bool = Field(
+        default=True,
+        description="Whether a higher value of the metric is better (true for accuracy and "
+        "exact match; false for e.g. word_perplexity); default true.",
+    )
+
+
+class GateStatus(_Model):
+    """The regression gate's last outcome (spec.gate), with the paired comparison's numbers."""
+
+    baseline: str = Field(description="spec.baseline when this was decided.")
+    baseline_uid: str | None = Field(
+        default=None, description="The baseline job's UID compared with."
+    )
+    task: str = Field(description="spec.gate.task.")
+    metric: str = Field(description="spec.gate.metric.")
+    verdict: str = Field(description="Regressed, NotRegressed or Unknown.")
+    reason: str = Field(description="Condition Regressed's reason.")
+    final: bool = Field(
+        default=False,
+        description="True once decided for this spec generation and baseline: not computed again.",
+    )
+    generation: int | None = Field(
+        default=None, description="The spec generation this outcome is for."
+    )
+    test: str | None = Field(default=None, description="The paired test used.")
+    # Not "n": YAML 1.1 readers (kubectl's among them) take a bare n for false.
+    paired: int | None = Field(default=None, description="Documents paired (n).")
+    baseline_score: float | None = Field(default=None, description="Mean over the pairs (A).")
+    score: float | None = Field(default=None, description="This job's mean over the pairs (B).")
+    difference: float | None = Field(default=None, description="score - baselineScore.")
+    ci_low: float | None = Field(default=None, description="Confidence interval of difference.")
+    ci_high: float | None = Field(default=None, description="Confidence interval's upper end.")
+    confidence: float | None = Field(default=None, description="The interval's confidence.")
+    p_value: float | None = Field(default=None, description="The paired test's p-value.")
+    baseline_only: int | None = Field(
+        default=None, description="Items better in the baseline (0/1: right there, wrong here)."
+    )
+    candidate_only: int | None = Field(
+        default=None, description="Items better in this job (0/1: wrong there, right here)."
+    )
+    max_drop: float | None = Field(default=None, description="spec.gate.maxDrop applied.")
+    alpha: float | None = Field(default=None, description="spec.gate.alpha applied.")
