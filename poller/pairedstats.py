@@ -425,10 +425,12 @@ def gate_verdict(
     drop = -result.difference if higher_is_better else result.difference
     significant = result.p_value < alpha
     regressed = drop > max_drop and significant
+    # Rounded before printing, so that no change at all reads "0.0000", not "-0.0000".
+    shown = f"{round(drop, 4) + 0.0:.4f}"
     if regressed:
-        why = f"regressed: drop {drop:.4f} > max drop {max_drop:g} and p < alpha {alpha:g}"
+        why = f"regressed: drop {shown} > max drop {max_drop:g} and p < alpha {alpha:g}"
     elif drop <= max_drop:
-        why = f"no regression: drop {drop:.4f} <= max drop {max_drop:g}"
+        why = f"no regression: drop {shown} <= max drop {max_drop:g}"
     else:
-        why = f"no regression: drop {drop:.4f} not significant (p >= alpha {alpha:g})"
+        why = f"no regression: drop {shown} not significant (p >= alpha {alpha:g})"
     return GateVerdict(regressed, f"{why}; {summary(result)}")

@@ -114,6 +114,20 @@ def test_urls_and_json() -> None:
     assert json.loads(as_json)["n"] == 1
 
 
+def test_long_keys_and_schemes_still_redacted() -> None:
+    # The patterns match keys of at most 64 and schemes of at most 32
+    # characters (unbounded runs made redaction quadratic in a word's length):
+    # what names a secret is at the end of a key, and a longer scheme still
+    # has its password hidden.
+    long_key = "x" * 200 + "_api_key=SECRET11"
+    assert "SECRET11" not in redact_text(f"model=m,{long_key}")
+    long_scheme = "a" * 100 + "://user:SECRET12@host/v1"
+    assert "SECRET12" not in redact_text(long_scheme)
+    # Words built to make the old patterns backtrack come back whole.
+    for word in ("a" * 32_000 + "!=x", "a" * 32_000 + "://", "k" * 20_000 + "://u:" + "p" * 9_000):
+        assert redact_text(word)[:100] == word[:100]
+
+
 def test_plain_arguments_untouched() -> None:
     argv = ["python", "-m", "lm_eval", "--tasks", "a,b", "--num_fewshot", "5", "--limit", "0.5"]
     assert redact_argv(argv) == argv

@@ -13,6 +13,8 @@ run by a kubelet on containerd and runc from the job image:
 - the driver-image path: in an image with lm-eval but without our wheel,
   an init container copies the driver from the driver image and the
   evaluation runs ``python -m driver`` from that copy;
+- each job's ``status.provenance`` names the image digest the kubelet ran
+  (containerd's ``imageID``) and the versions of the run;
 - a log larger than ``containerLogMaxSize`` is rotated by the kubelet and the
   job still gets its results (the markers come after the rotation).
 """
@@ -20,6 +22,7 @@ run by a kubelet on containerd and runc from the job image:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +76,18 @@ def test_dummy_and_served_models_succeed(
     pod = node_cluster.pod_of(job_namespace, "served")
     if pod:  # kept until the TTL; where it is, it ran on the real node
         assert pod["spec"]["nodeName"] == NODE_NAME
+    # Provenance: the image digest the kubelet actually ran (containerd's
+    # imageID), not the tag the pod asked for, and the versions of the run.
+    for status in (dummy_status, served_status):
+        provenance = status["provenance"]
+        assert provenance["image"].endswith(node_cluster.image_refs["job"].split("/", 1)[1])
+        assert re.search(r"sha256:[0-9a-f]{64}$", provenance["imageID"]), provenance
+        assert provenance["lmEvalVersion"] and provenance["driverVersion"], provenance
+    assert served_status["provenance"]["model"] == "local-completions"
+    assert served_status["provenance"]["serverModels"], served_status["provenance"]
+    if pod:
+        (main,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "lmeval"]
+        assert served_status["provenance"]["imageID"] == main["imageID"]
 
 
 def test_driver_image_runs_in_a_plain_lm_eval_image(

