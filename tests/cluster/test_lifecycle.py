@@ -460,10 +460,12 @@ def test_queue_caps_running_jobs_fifo_across_namespaces(
         order = [(first, "q1"), (first, "q2"), (first, "q3"), (second, "q4"), (second, "q5")]
         for jobs, name in order:
             jobs.create(name)
-        started: list[str] = []
+        # The cycle in which each job's pod first appeared: pods made in the
+        # same cycle (two slots freed at once) have no order between them.
+        started: dict[str, int] = {}
         max_pods = 0
         finished: set[str] = set()
-        for _ in range(80):
+        for cycle in range(80):
             report = poller.run_cycle()
             assert report.errors == 0, report.error_messages
             pods = first.pods() + second.pods()
@@ -477,8 +479,7 @@ def test_queue_caps_running_jobs_fifo_across_namespaces(
             max_pods = max(max_pods, len(live))
             for pod in pods:
                 job_name = pod.metadata.owner_references[0].name
-                if job_name not in started:
-                    started.append(job_name)
+                started.setdefault(job_name, cycle)
                 state = pod.status.container_statuses
                 if (
                     state
@@ -500,8 +501,15 @@ def test_queue_caps_running_jobs_fifo_across_namespaces(
                 break
         assert finished == {name for _, name in order}
         assert max_pods == 2  # the cap was reached and never passed
-        # FIFO, fair across namespaces: q1, then q4 (b's oldest) before q2.
-        assert started == ["q1", "q4", "q2", "q5", "q3"]
+        # FIFO within a namespace, fair across namespaces: q4 (b's oldest) no
+        # later than q2 and q5 no later than q3, though q2 and q3 are older.
+        # Which cycle frees a slot depends on when kwok reports each pod
+        # ended, so the rule is checked, not one exact sequence.
+        assert started["q1"] == started["q4"] == min(started.values()), started
+        assert started["q1"] <= started["q2"] <= started["q3"], started
+        assert started["q4"] <= started["q5"], started
+        assert started["q4"] <= started["q2"] and started["q5"] <= started["q3"], started
+        assert started["q2"] > started["q1"], started  # the cap held q2 back
         queued = {e.reason for ns in namespaces for e in core.list_namespaced_event(ns).items}
         assert "Queued" in queued
         assert all(first.status(n)["reason"] == "Succeeded" for n in ("q1", "q2", "q3"))
