@@ -28,10 +28,7 @@ ConfigMap's binaryData and are unpacked here within bounds.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,19 +184,7 @@ def needs_items(job: JobView, view: GateView) -> bool:
 def unpack_items(encoded: str, key: str = results.ITEMS_KEY) -> bytes:
     """The driver's JSON from a binaryData value: base64, then gzip, at most
     the decoder's byte limit (raises ValueError saying what is wrong)."""
-    try:
-        packed = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError) as error:
-        raise ValueError(f"{key} is not base64: {error}") from error
-    inflate = zlib.decompressobj(wbits=31)  # gzip framing
-    limit = ITEM_SCORES_LIMITS.max_bytes
-    try:
-        data = inflate.decompress(packed, limit + 1)
-    except zlib.error as error:
-        raise ValueError(f"{key} is not gzip: {error}") from error
-    if len(data) > limit:
-        raise ValueError(f"{key} holds more than {limit} bytes")
-    return data
+    return results.gunzip_base64(encoded, ITEM_SCORES_LIMITS.max_bytes, key)
 
 
 def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:

@@ -16,8 +16,10 @@ actuator does the writing.
 from __future__ import annotations
 
 import base64
+import binascii
 import gzip
 import json
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from sys import intern
@@ -37,6 +39,7 @@ __all__ = [
     "Score",
     "ScoreRow",
     "configmap_data_bytes",
+    "gunzip_base64",
     "gzip_base64",
     "iter_score_rows",
     "parse_scores",
@@ -181,6 +184,24 @@ def results_configmap(
 def gzip_base64(raw: bytes) -> str:
     """`raw` gzip'd (mtime 0: the same bytes every time) and base64'd, for binaryData."""
     return base64.b64encode(gzip.compress(raw, mtime=0)).decode()
+
+
+def gunzip_base64(encoded: str, limit: int, key: str) -> bytes:
+    """The inverse of `gzip_base64` for a binaryData value under `key`, inflated to
+    at most `limit` bytes (a ConfigMap may hold a bomb: whoever can write one in
+    the job's namespace may have made it). Raises ValueError saying what is wrong."""
+    try:
+        packed = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise ValueError(f"{key} is not base64: {error}") from error
+    inflate = zlib.decompressobj(wbits=31)  # gzip framing
+    try:
+        data = inflate.decompress(packed, limit + 1)
+    except zlib.error as error:
+        raise ValueError(f"{key} is not gzip: {error}") from error
+    if len(data) > limit:
+        raise ValueError(f"{key} holds more than {limit} bytes once decompressed")
+    return data
 
 
 def configmap_data_bytes(manifest: dict[str, Any]) -> int:

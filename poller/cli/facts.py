@@ -16,16 +16,13 @@ is in ``render``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import json
-import zlib
 from typing import Any
 
 from driver.itemscores import ITEM_SCORES_LIMITS, ItemScores, decode_item_scores
 from poller import api
-from poller.results import ITEMS_KEY, PROVENANCE_KEY, ScoreRow, score_rows
+from poller.results import ITEMS_KEY, PROVENANCE_KEY, ScoreRow, gunzip_base64, score_rows
 from poller.timefmt import parse_time
 
 __all__ = [
@@ -229,15 +226,6 @@ def spec_summary(job: dict[str, Any]) -> list[tuple[str, str]]:
 NO_ITEMS_HINT = "its results ConfigMap holds no per-item scores (submit with --log-samples)"
 
 
-def _gunzip_bounded(packed: str, limit: int) -> bytes:
-    """gzip'd base64 text, refusing more than `limit` bytes once inflated (a bomb)."""
-    inflater = zlib.decompressobj(wbits=31)
-    raw = inflater.decompress(base64.b64decode(packed, validate=True), limit + 1)
-    if len(raw) > limit:
-        raise ValueError(f"more than {limit} bytes once decompressed")
-    return raw
-
-
 def item_scores(
     job: dict[str, Any], configmap: dict[str, Any] | None
 ) -> tuple[ItemScores | None, str]:
@@ -248,9 +236,9 @@ def item_scores(
         message = stored.get("message") if isinstance(stored, dict) else None
         return None, str(message) if message else NO_ITEMS_HINT
     try:
-        raw = _gunzip_bounded(str(packed), ITEM_SCORES_LIMITS.max_bytes)
+        raw = gunzip_base64(str(packed), ITEM_SCORES_LIMITS.max_bytes, ITEMS_KEY)
         return decode_item_scores(raw), ""
-    except (ValueError, binascii.Error, zlib.error) as error:
+    except ValueError as error:
         return None, f"its per-item scores cannot be read: {str(error)[:200]}"
 
 
