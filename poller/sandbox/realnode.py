@@ -32,6 +32,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
+import grpc
+
 from poller.sandbox import build, nodecleanup, nodeconfig
 from poller.sandbox.controlplane import ControlPlane, ControlPlaneError
 from poller.sandbox.nodeconfig import BRIDGE, NODE_IP, NODE_NAME, POD_SUBNET, NodePorts
@@ -257,7 +259,10 @@ class RealNode:
             )
         )
         self._spawn("containerd", ["containerd", f"--config={config}"])
-        self._wait_until("containerd", lambda: self._ctr("version").returncode == 0, timeout)
+        # `ctr version` answers as soon as containerd's socket does, but its
+        # CRI service refuses calls ("server is not initialized yet") until it
+        # has recovered its state; a kubelet started before then exits.
+        self._wait_until("containerd", lambda: cri_answers(self.socket), timeout)
 
     def _start_kubelet(self, timeout: float) -> None:
         pki = self.plane.pki
@@ -405,6 +410,21 @@ class RealNode:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
+
+
+def cri_answers(socket: Path, timeout: float = 2.0) -> bool:
+    """Whether the CRI runtime service on `socket` answers a Version call, as the
+    kubelet's first call does. The request is sent as raw bytes (an empty
+    VersionRequest), so no generated CRI stubs are needed."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        version: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/runtime.v1.RuntimeService/Version"
+        )
+        try:
+            version(b"", timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return True
 
 
 def _run(argv: list[str]) -> None:
