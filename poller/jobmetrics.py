@@ -13,56 +13,20 @@ next to the poller's own health metrics.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from poller import api
-from poller.results import Score
-from poller.timefmt import timestamp
+from poller.retained import JobSeries, series_of
 from poller.views import JobView
 
 __all__ = ["STATES", "JobCollector"]
 
 STATES = tuple(state.value for state in api.JobState)
-
-
-@dataclass(frozen=True, slots=True)
-class _JobSeries:
-    """What the collector exposes for one job, computed once per snapshot."""
-
-    namespace: str
-    name: str
-    model: str
-    state: str
-    reason: str
-    started: float | None
-    completed: float | None
-    progress: float | None
-    results: tuple[Score, ...]
-    # The regression gate's verdict (status.gate), when one was computed.
-    gate: api.GateStatus | None = None
-
-
-def _verdict(gate: api.GateStatus | None) -> api.GateStatus | None:
-    """status.gate when it holds a verdict (Regressed or NotRegressed), else None:
-    an Unknown gate has no series, so an alert on 1 never fires on a missing baseline."""
-    return gate if gate is not None and gate.verdict in ("Regressed", "NotRegressed") else None
-
-
-def _progress_ratio(job: JobView) -> float | None:
-    status = job.status
-    percent = status.progress.percent if status.progress else None
-    if percent is not None and math.isfinite(percent):
-        return min(max(percent / 100.0, 0.0), 1.0)
-    if status.state == api.JobState.COMPLETE and status.reason == api.JobReason.SUCCEEDED:
-        return 1.0
-    return None
 
 
 class JobCollector(Collector):
@@ -78,28 +42,11 @@ class JobCollector(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._series: tuple[_JobSeries, ...] = ()
+        self._series: tuple[JobSeries, ...] = ()
 
     def update(self, jobs: Iterable[JobView]) -> None:
         """Replace the snapshot; the next scrape sees exactly these jobs."""
-        series: list[_JobSeries] = []
-        for job in jobs:
-            status = job.status
-            series.append(
-                _JobSeries(
-                    namespace=job.namespace,
-                    name=job.name,
-                    model=str(job.spec.get("model") or ""),
-                    state=(status.state or api.JobState.NEW).value,
-                    reason=(status.reason or api.JobReason.NO_REASON).value,
-                    started=timestamp(status.last_schedule_time),
-                    completed=timestamp(status.complete_time),
-                    progress=_progress_ratio(job),
-                    # Parsed once, when the view was built (see JobView.scores).
-                    results=job.scores,
-                    gate=_verdict(status.gate),
-                )
-            )
+        series = [series_of(job) for job in jobs]
         snapshot = tuple(sorted(series, key=lambda s: (s.namespace, s.name)))
         with self._lock:
             self._series = snapshot
@@ -115,7 +62,7 @@ class JobCollector(Collector):
         return self._families(series, self.chunk_jobs)
 
     @staticmethod
-    def _families(series: Sequence[_JobSeries], chunk: int) -> Iterator[Metric]:
+    def _families(series: Sequence[JobSeries], chunk: int) -> Iterator[Metric]:
         """The families; one with many jobs comes as consecutive parts of one name."""
         ids = ["namespace", "lmevaljob"]
         counts = GaugeMetricFamily(
@@ -190,7 +137,7 @@ class JobCollector(Collector):
         yield from _gate_families(series, chunk)
 
 
-def _gate_families(series: Sequence[_JobSeries], chunk: int) -> Iterator[Metric]:
+def _gate_families(series: Sequence[JobSeries], chunk: int) -> Iterator[Metric]:
     """The regression gate's outcome (status.gate) of each job that has a verdict."""
     labels = ["namespace", "lmevaljob", "baseline", "task", "metric"]
     for name, text, value_of in (
@@ -222,7 +169,7 @@ def _gate_families(series: Sequence[_JobSeries], chunk: int) -> Iterator[Metric]
             yield family
 
 
-def _parts(series: Sequence[_JobSeries], size: int) -> Iterator[Sequence[_JobSeries]]:
+def _parts(series: Sequence[JobSeries], size: int) -> Iterator[Sequence[JobSeries]]:
     """`series` in slices of `size` (one empty slice when there is none)."""
     for start in range(0, max(len(series), 1), size):
         yield series[start : start + size]

@@ -42,7 +42,7 @@ from poller import api, kubepages, kueuegate, timefmt
 from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
 from poller.transport import EXEC_MAX_STDOUT_BYTES, ApiTransport, ExecOutputTooLarge, ExecRefused
 
-__all__ = ["ApiError", "Conflict", "Kube", "LogTail", "NotFound", "NotOwned"]
+__all__ = ["ApiError", "Conflict", "JobsPage", "Kube", "LogTail", "NotFound", "NotOwned"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ _JOBS = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
 _LEASES = "/apis/coordination.k8s.io/v1"
 _KUEUE = f"/apis/{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}"
 REQUEST_TIMEOUT = 30.0
+# A LIST answered as metadata only (kind PartialObjectMetadataList).
+_METADATA_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Kube:
         query: dict[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
         max_bytes: int | None = None,
     ) -> bytes:
         """One HTTP request; counted, and non-2xx turned into exceptions.
@@ -105,6 +108,7 @@ class Kube:
                 query=query,
                 body=body,
                 content_type=content_type,
+                accept=accept,
                 timeout=REQUEST_TIMEOUT,
                 max_bytes=max_bytes,
             )
@@ -139,18 +143,88 @@ class Kube:
 
         return kubepages.paged(fetch, page)
 
-    def list_jobs(self, namespace: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every LMEvalJob (in `namespace`, or in all namespaces), as `JobObject`s."""
-        where = f"/namespaces/{namespace}" if namespace else ""
-        return self._list(f"{_JOBS}{where}/{api.PLURAL}", api.PLURAL, kubepages.JOB_PAGE)
-
-    def list_pods(
-        self, label_selector: str, namespace: str | None = None
+    def list_jobs(
+        self, namespace: str | None = None, *, field_selector: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Pods matching `label_selector` (in `namespace`, or everywhere), as `PodObject`s."""
+        """Every LMEvalJob (in `namespace`, or in all namespaces) that `field_selector`
+        selects (the CRD makes status.state selectable), as `JobObject`s."""
         where = f"/namespaces/{namespace}" if namespace else ""
         return self._list(
-            f"/api/v1{where}/pods", "pods", kubepages.POD_PAGE, labelSelector=label_selector
+            f"{_JOBS}{where}/{api.PLURAL}",
+            api.PLURAL,
+            kubepages.JOB_PAGE,
+            fieldSelector=field_selector,
+        )
+
+    def list_jobs_page(
+        self,
+        namespace: str | None,
+        *,
+        field_selector: str,
+        token: str | None,
+        limit: int = PAGE_SIZE,
+        metadata_only: bool = False,
+    ) -> JobsPage:
+        """One page of a LIST of jobs, for a LIST spread over minutes (the sweep of
+        finished jobs, `poller.sweep`), without the next page prefetched.
+
+        `metadata_only` asks for PartialObjectMetadata (no spec, no status: about
+        a quarter of the bytes). A continue token older than the apiserver's
+        compaction gets 410 Expired, whose body carries a token to go on from
+        the same place in the newest state; that page is read instead and the
+        page says `inconsistent`. Other errors propagate.
+        """
+        where = f"/namespaces/{namespace}" if namespace else ""
+        path = f"{_JOBS}{where}/{api.PLURAL}"
+        accept = _METADATA_LIST if metadata_only else "application/json"
+        adapter = kubepages.METADATA_PAGE if metadata_only else kubepages.JOB_PAGE
+        inconsistent = False
+        for _ in range(2):
+            query = {"fieldSelector": field_selector, "limit": limit, "continue": token}
+            try:
+                raw = self._request(
+                    "GET", path, verb="list", resource=api.PLURAL, query=query, accept=accept
+                )
+            except ApiError as error:
+                renewed = _expired_continue(error) if token else None
+                if renewed is None or inconsistent:
+                    raise
+                token, inconsistent = renewed, True
+                continue
+            page = adapter.validate_json(raw)
+            following = (page.get("metadata") or {}).get("continue") or None
+            return JobsPage(page.get("items") or [], following, inconsistent)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def find_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The LMEvalJob `namespace/name` as a `JobObject`, or None (a LIST by name:
+        the poller's role lists jobs and needs no GET)."""
+        raw = self._request(
+            "GET",
+            f"{_JOBS}/namespaces/{namespace}/{api.PLURAL}",
+            verb="list",
+            resource=api.PLURAL,
+            query={"fieldSelector": f"metadata.name={name}", "limit": 1},
+        )
+        items: list[dict[str, Any]] = kubepages.JOB_PAGE.validate_json(raw).get("items") or []
+        return items[0] if items else None
+
+    def list_pods(
+        self,
+        label_selector: str,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Pods matching `label_selector` and `field_selector` (in `namespace`, or
+        everywhere), as `PodObject`s."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list(
+            f"/api/v1{where}/pods",
+            "pods",
+            kubepages.POD_PAGE,
+            labelSelector=label_selector,
+            fieldSelector=field_selector,
         )
 
     def list_workloads(
@@ -567,6 +641,29 @@ class Kube:
             resource="events",
             body=body,
         )
+
+
+@dataclass(frozen=True)
+class JobsPage:
+    """One page of a LIST of jobs (`Kube.list_jobs_page`)."""
+
+    items: list[dict[str, Any]]
+    # The token of the next page; None after the last.
+    continue_token: str | None
+    # Read after 410 Expired from the newest state, not the LIST's first snapshot.
+    inconsistent: bool = False
+
+
+def _expired_continue(error: ApiError) -> str | None:
+    """The continue token a 410 Expired LIST answer carries, else None."""
+    if error.status != 410:
+        return None
+    try:
+        body = json.loads(error.body)
+    except ValueError:
+        return None
+    token = ((body or {}).get("metadata") or {}).get("continue") if isinstance(body, dict) else None
+    return token if isinstance(token, str) and token else None
 
 
 def _controller_uid(obj: dict[str, Any]) -> str | None:

@@ -22,7 +22,15 @@ from typing_extensions import TypedDict
 from poller.kueuegate import WorkloadObject
 from poller.views import JobObject, PodObject
 
-__all__ = ["JOB_PAGE", "METADATA_ONLY", "POD_PAGE", "WORKLOAD_PAGE", "paged"]
+__all__ = [
+    "JOB_PAGE",
+    "METADATA_ONLY",
+    "METADATA_PAGE",
+    "POD_PAGE",
+    "WORKLOAD_PAGE",
+    "ObjectMetadata",
+    "paged",
+]
 
 
 class _JobPage(TypedDict, total=False):
@@ -44,6 +52,24 @@ class _MetadataOnly(TypedDict, total=False):
     metadata: Any
 
 
+class ObjectMetadata(TypedDict, total=False):
+    """What the sweep of finished jobs reads of each one (`poller.sweep`)."""
+
+    namespace: str
+    name: str
+    uid: str
+    resourceVersion: str
+
+
+class _MetadataItem(TypedDict, total=False):
+    metadata: ObjectMetadata
+
+
+class _MetadataPage(TypedDict, total=False):
+    metadata: Any
+    items: list[_MetadataItem] | None
+
+
 # A LIST page parsed in one pass into only the fields the views read; and
 # only its metadata (a list's continue token, an object's uid), which a quick
 # pass finds.
@@ -51,6 +77,8 @@ JOB_PAGE: TypeAdapter[Any] = TypeAdapter(_JobPage)
 POD_PAGE: TypeAdapter[Any] = TypeAdapter(_PodPage)
 WORKLOAD_PAGE: TypeAdapter[Any] = TypeAdapter(_WorkloadPage)
 METADATA_ONLY: TypeAdapter[Any] = TypeAdapter(_MetadataOnly)
+# A PartialObjectMetadataList page: each item's identity and resourceVersion only.
+METADATA_PAGE: TypeAdapter[Any] = TypeAdapter(_MetadataPage)
 
 
 class _Prefetch:

@@ -47,6 +47,7 @@ from poller.kueuegate import KueueView
 from poller.observe import Observed, Observer
 from poller.podreads import PodReads
 from poller.queue import plan_queue
+from poller.retained import JobSeries
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.statuswrites import StatusWrites
 from poller.views import JobView, PodView, QueueSlot
@@ -75,6 +76,11 @@ class CycleReport:
     # Every job as it stands after this cycle (status as written), for the
     # metrics collector: an immutable picture of the last cycle.
     snapshot: list[JobView] = field(default_factory=list)
+    # The finished jobs kept between sweeps (`poller.retained`), as the metrics
+    # expose them; a job also in `snapshot` (read this cycle) is exposed from there.
+    retained: Sequence[JobSeries] = ()
+    # The jobs this cycle moved to Complete (their durations are observed once).
+    finished: list[JobView] = field(default_factory=list)
     # Jobs act on several threads (see Reconciler.run_cycle): counts go through it.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

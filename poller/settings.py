@@ -74,6 +74,8 @@ MAX_POLL_INTERVAL = 3600.0  # 1 h
 MAX_PROGRESS_INTERVAL = 86400.0  # 24 h
 MAX_POD_PENDING_TIMEOUT = 7 * 86400.0  # 7 days
 MAX_PROGRESS_READS_PER_CYCLE = 1000  # pod log reads in one cycle
+MAX_SWEEP_INTERVAL = 86400.0  # 24 h
+MAX_SWEEP_JOBS = 1_000_000  # finished jobs listed in one sweep step
 MAX_RUNNING_JOBS = 100_000
 MAX_DEFAULT_TTL_SECONDS = 365 * 86400  # 1 year
 MAX_LOG_ARCHIVE_BYTES = 512 * 1024  # the results ConfigMap must stay under 1 MiB
@@ -212,6 +214,15 @@ class Settings(BaseModel):
     progress_reads_per_cycle: Annotated[
         int, Field(alias="progress-reads-per-cycle", ge=0, le=MAX_PROGRESS_READS_PER_CYCLE)
     ] = 50
+    # The sweep of finished jobs (`poller.sweep`): every finished-sweep-interval,
+    # the next finished-sweep-jobs of them are listed (pages of 500), so a sweep
+    # round over N finished jobs takes N / finished-sweep-jobs steps.
+    finished_sweep_interval: Annotated[
+        Seconds, Field(alias="finished-sweep-interval", ge=1.0, le=MAX_SWEEP_INTERVAL)
+    ] = 60.0
+    finished_sweep_jobs: Annotated[
+        int, Field(alias="finished-sweep-jobs", ge=500, le=MAX_SWEEP_JOBS)
+    ] = 10_000
     pod_pending_timeout: Annotated[
         Seconds, Field(alias="pod-pending-timeout", ge=1.0, le=MAX_POD_PENDING_TIMEOUT)
     ] = 600.0

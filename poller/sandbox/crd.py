@@ -136,6 +136,10 @@ def crd_manifest() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
+                    # The poller's hot cycle lists only unfinished jobs
+                    # (status.state!=Complete) and users may select by state
+                    # too: kubectl get lmej --field-selector status.state=Running.
+                    "selectableFields": [{"jsonPath": ".status.state"}],
                     "additionalPrinterColumns": [
                         {"name": "State", "type": "string", "jsonPath": ".status.state"},
                         {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
