@@ -4,13 +4,22 @@ A cycle decides for each job once, on complete observations (`poller.reconciler`
 orchestrates; `poller.act` carries decisions out). What is read comes in two
 parts:
 
-* **the listing**: every LMEvalJob and every pod the poller manages, two
-  paged LISTs whatever the number of jobs, each page turned into views as
-  it arrives (raw objects never pile up). Each job is joined to the pod
-  under its deterministic pod name in its own namespace, whatever claims
-  other pods make (labels and ownerReferences can be copied by anyone who
-  may create pods); whether that pod really is the job's is judged by
-  `decide` from its proof of origin (`poller.ownership`).
+* **the listing**: what can still change, whatever the history. Two paged
+  LISTs: the jobs that are not Complete (the CRD makes status.state
+  selectable) and the managed pods that have not ended (status.phase), each
+  page turned into views as it arrives (raw objects never pile up). Then a
+  few reads by name (`Kube.find_job`, `Kube.find_pod`), each for a reason:
+  the finished jobs the store of finished jobs (`poller.retained`) says are
+  due (a TTL expired, a retention step to confirm, a change the sweep saw,
+  a gate whose baseline is in this listing), the jobs that left the
+  unfinished listing since the last cycle (finished or deleted: a job that
+  finishes is never lost between the two), the baselines of gated jobs,
+  and the pod of a Scheduled or Running job whose pod no longer shows among
+  the live ones (it ended). Each job is joined to the pod under its
+  deterministic pod name in its own namespace, whatever claims other pods
+  make (labels and ownerReferences can be copied by anyone who may create
+  pods); whether that pod really is the job's is judged by `decide` from its
+  proof of origin (`poller.ownership`).
 * **one job's needs**, as the pure `decide.what_to_observe` names them
   (`Needs`): the namespace's OpenShift UID range for a pod about to be
   made; for a finished gated job, its own and its baseline's per-item
@@ -35,21 +44,26 @@ alters nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from poller import kueuegate, outcome, podspec, results
+from poller import api, kueuegate, outcome, podspec, results
 from poller.actions import LogRequest, Needs
 from poller.gate import GateView, ItemsRead, baseline_name
 from poller.kube import ApiError, Kube, NotFound
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.podreads import PodReads
+from poller.retained import JobKey, RetainedJobs
 from poller.settings import Settings
 from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 
 __all__ = [
+    "FINISHED_READS_PER_CYCLE",
+    "HOT_JOBS",
     "ITEMS_READ_MAX",
+    "LIVE_PODS",
     "MANAGED_SELECTOR",
     "OPENSHIFT_UID_RANGE",
     "Listing",
@@ -58,6 +72,16 @@ __all__ = [
 ]
 
 MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
+# What can still change: jobs not Complete, pods not ended.
+HOT_JOBS = f"status.state!={api.JobState.COMPLETE.value}"
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+# Finished jobs read by name in one cycle (due TTLs first): a burst (the sweep
+# seeing many changed at once) is spread over cycles instead of one long one.
+FINISHED_READS_PER_CYCLE = 200
+# Reads by name at once (each is one small request).
+READ_WORKERS = 4
+# A job the cycle expects to have a pod (one exists from Scheduled on).
+_POD_STATES = (api.JobState.SCHEDULED, api.JobState.RUNNING)
 OPENSHIFT_UID_RANGE = "openshift.io/sa.scc.uid-range"
 # The largest results ConfigMap read for the gate: the apiserver keeps a
 # ConfigMap's data under 1 MiB, which base64 and the metadata make at most
@@ -87,8 +111,14 @@ class Listing:
     workloads_by_job: dict[str, WorkloadView] = field(default_factory=dict)
     workloads_listed: int = 0
     kueue_error: str | None = None
-    # Every listed job by (namespace, name): a gated job's baseline (`poller.gate`).
+    # Every listed job by (namespace, name), and the baselines of gated jobs
+    # read by name (`poller.gate`).
     jobs_by_name: dict[tuple[str, str], JobView] = field(default_factory=dict)
+    # Reads by name this cycle: finished jobs, and pods of jobs whose pod ended.
+    jobs_read: int = 0
+    pods_read: int = 0
+    # Listed jobs the unfinished LIST did not return (read by name), by UID.
+    finished_read: set[str] = field(default_factory=set)
 
     def gate_view(self, job: JobView) -> GateView | None:
         """The job's side of the regression gate, when it has one (spec.gate)."""
@@ -127,39 +157,48 @@ class Observed:
 class Observer:
     """The cycle's reads (thread-safe for `gather`; `list_cluster` runs alone)."""
 
-    def __init__(self, kube: Kube, reads: PodReads, namespaces: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        reads: PodReads,
+        namespaces: Sequence[str] = (),
+        retained: RetainedJobs | None = None,
+    ) -> None:
         self.kube = kube
         self.reads = reads
         self.namespaces = list(namespaces)
+        self.retained = retained if retained is not None else RetainedJobs()
         # The last cycle's view of every job by UID (see the module docstring).
         self._views: dict[str, JobView] = {}
+        # The jobs the last cycle's unfinished LIST returned: one that is not
+        # in the next is read by name (it finished, or was deleted).
+        self._hot: dict[str, JobKey] = {}
 
-    def list_cluster(self, attempt_of: ProofCheck) -> Listing:
-        """List jobs and pods (page by page) into views; each job's pod by job UID.
+    def list_cluster(self, attempt_of: ProofCheck, settings: Settings, now: float) -> Listing:
+        """List what can change (page by page) into views, read the few jobs and
+        pods named for a reason (see the module docstring); each job's pod by job UID.
 
-        `attempt_of` checks a pod's proof of origin (`poller.identity`).
-        Raises only when a LIST itself fails.
+        `attempt_of` checks a pod's proof of origin (`poller.identity`); `now`
+        (epoch seconds) says which finished jobs' TTLs expired. Raises only
+        when a LIST or a read by name fails.
         """
         listing = Listing()
         by_name: dict[tuple[str, str], PodView] = {}
         views: dict[str, JobView] = {}
         scopes: list[str | None] = [*self.namespaces] or [None]
         for namespace in scopes:
-            for obj in self.kube.list_jobs(namespace):
+            for obj in self.kube.list_jobs(namespace, field_selector=HOT_JOBS):
                 listing.jobs_listed += 1
-                try:
-                    job = self._job_view(obj)
-                except Exception as error:  # one bad object never stops the others
-                    listing.unreadable.append((obj.get("metadata") or {}, error))
-                    job = JobView.unreadable(obj, error)
-                listing.jobs.append(job)
-                listing.jobs_by_name[(job.namespace, job.name)] = job
-                views[job.uid] = job
-            for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace):
+                self._add_job(listing, views, obj)
+            for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace, field_selector=LIVE_PODS):
                 listing.pods_listed += 1
                 view = PodView.from_object(obj, podspec.MAIN_CONTAINER, attempt_of)
                 by_name[(view.namespace, view.name)] = view
-        self._views = views
+        hot = {job.uid: JobKey(job.namespace, job.name, job.uid) for job in listing.jobs}
+        with ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="lmeval-read") as pool:
+            self._read_finished(listing, views, hot, settings, now, pool)
+            self._read_ended_pods(listing, by_name, attempt_of, pool)
+        self._views, self._hot = views, hot
         for job in listing.jobs:
             pod = by_name.get((job.namespace, podspec.pod_name(job.name, job.uid)))
             if pod is not None:
@@ -167,6 +206,102 @@ class Observer:
         if any(job.queue_name for job in listing.jobs):
             self._list_workloads(listing, scopes)
         return listing
+
+    def _add_job(self, listing: Listing, views: dict[str, JobView], obj: dict[str, Any]) -> None:
+        try:
+            job = self._job_view(obj)
+        except Exception as error:  # one bad object never stops the others
+            listing.unreadable.append((obj.get("metadata") or {}, error))
+            job = JobView.unreadable(obj, error)
+        listing.jobs.append(job)
+        listing.jobs_by_name[(job.namespace, job.name)] = job
+        views[job.uid] = job
+
+    def _read_finished(
+        self,
+        listing: Listing,
+        views: dict[str, JobView],
+        hot: dict[str, JobKey],
+        settings: Settings,
+        now: float,
+        pool: ThreadPoolExecutor,
+    ) -> None:
+        """Read by name the finished jobs the cycle must decide, then the baselines
+        their gates compare with; a job found gone leaves the store."""
+        due = self.retained.due(
+            now, settings.default_ttl_seconds_after_finished, FINISHED_READS_PER_CYCLE
+        )
+        left = [key for uid, key in self._hot.items() if uid not in hot]
+        wanted = _unique(key for key in (*left, *due) if key.uid not in hot)
+        self._add_found(listing, views, self._find_jobs(wanted, pool))
+        names = set(listing.jobs_by_name)
+        waiting = [key for key in self.retained.waiting_on(names) if key.uid not in views]
+        self._add_found(listing, views, self._find_jobs(_unique(waiting), pool))
+        # Baselines of gated jobs that are not listed: read for the gate only.
+        missing = {
+            (job.namespace, name)
+            for job in listing.jobs
+            if (name := baseline_name(job)) is not None
+            and (job.namespace, name) not in listing.jobs_by_name
+        }
+        keys = [JobKey(namespace, name, "") for namespace, name in sorted(missing)]
+        for _, obj in self._find_jobs(keys, pool):
+            if obj is not None:
+                view = self._view_or_unreadable(obj)
+                listing.jobs_by_name[(view.namespace, view.name)] = view
+
+    def _find_jobs(
+        self, keys: list[JobKey], pool: ThreadPoolExecutor
+    ) -> list[tuple[JobKey, dict[str, Any] | None]]:
+        found = list(pool.map(lambda key: self.kube.find_job(key.namespace, key.name), keys))
+        return list(zip(keys, found, strict=True))
+
+    def _add_found(
+        self,
+        listing: Listing,
+        views: dict[str, JobView],
+        found: list[tuple[JobKey, dict[str, Any] | None]],
+    ) -> None:
+        for key, obj in found:
+            listing.jobs_read += 1
+            uid = ((obj or {}).get("metadata") or {}).get("uid")
+            if uid != key.uid:
+                self.retained.drop(key.uid)  # deleted (perhaps made again under its name)
+            if obj is None or not uid or uid in views:
+                continue
+            listing.finished_read.add(uid)
+            self._add_job(listing, views, obj)
+
+    def _view_or_unreadable(self, obj: dict[str, Any]) -> JobView:
+        try:
+            return self._job_view(obj)
+        except Exception as error:  # the gate says the baseline cannot be read
+            return JobView.unreadable(obj, error)
+
+    def _read_ended_pods(
+        self,
+        listing: Listing,
+        by_name: dict[tuple[str, str], PodView],
+        attempt_of: ProofCheck,
+        pool: ThreadPoolExecutor,
+    ) -> None:
+        """The pod of each Scheduled or Running job that is not among the live pods:
+        it ended (or is gone), and the job's decision needs to know which."""
+        wanted = [
+            (job.namespace, name)
+            for job in listing.jobs
+            if job.status.state in _POD_STATES
+            and (job.namespace, name := podspec.pod_name(job.name, job.uid)) not in by_name
+        ]
+        found = pool.map(lambda key: self.kube.find_pod(*key), wanted)
+        for obj in found:
+            listing.pods_read += 1
+            labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+            # As the LIST would: only pods with the poller's label.
+            if obj is None or labels.get(podspec.LABEL_MANAGED_BY) != podspec.MANAGED_BY:
+                continue
+            view = PodView.from_object(obj, podspec.MAIN_CONTAINER, attempt_of)
+            by_name[(view.namespace, view.name)] = view
 
     def _list_workloads(self, listing: Listing, scopes: list[str | None]) -> None:
         """The Workloads the poller made (one LIST per scope), joined to their jobs
@@ -191,6 +326,7 @@ class Observer:
                 listing.workloads_by_job[job.uid] = found
 
     def _job_view(self, obj: dict[str, Any]) -> JobView:
+        """The job's view, reused when its resourceVersion did not change."""
         meta = obj.get("metadata") or {}
         known = self._views.get(meta.get("uid") or "")
         version = meta.get("resourceVersion")
@@ -297,3 +433,14 @@ class Observer:
                 break
             view = self.reads.read_log(job, replace(first, tail_lines=window))
         return view
+
+
+def _unique(keys: Iterable[JobKey]) -> list[JobKey]:
+    """`keys` without repeated UIDs, in order."""
+    seen: set[str] = set()
+    unique: list[JobKey] = []
+    for key in keys:
+        if key.uid not in seen:
+            seen.add(key.uid)
+            unique.append(key)
+    return unique

@@ -1,8 +1,10 @@
-"""The Reconciler: one polling cycle over every job, observe, decide once per job, act.
+"""The Reconciler: one polling cycle over the jobs that can change, observe, decide once per job, act.
 
 The service (`poller.service`) calls `Reconciler.run_cycle` on every tick of
-its interval. A cycle reads the settings ConfigMap, lists every LMEvalJob and every pod
-the poller manages and joins each job to its pod (`poller.observe`). Then,
+its interval. A cycle reads the settings ConfigMap, lists the LMEvalJobs that
+are not Complete and the live pods the poller manages, reads by name the few
+finished jobs due for a decision, and joins each job to its pod
+(`poller.observe`). Then,
 for each job: the pure `decide.what_to_observe` names what its decision
 needs beyond that (the namespace's UID range, a log window, the results
 file a holding driver keeps); the cycle reads it (`poller.observe`); the
@@ -19,10 +21,18 @@ waits behind dozens of them. Jobs are independent: an exception while
 handling one is counted, retried within bounds, and then ends that job
 (`poller.poison`); the cycle goes on with the next.
 
+After the cycle, every job decided in it that is Complete goes to the store
+of finished jobs (`poller.retained`) and every other one leaves it; a
+finished job that had something to read or do is read again next cycle, to
+confirm it is settled. The store gives the metrics their finished jobs and
+the cycle its due TTLs; the sweep (`poller.sweep`, its own cadence, see
+`sweep_finished`) keeps it true to the cluster: jobs deleted or changed.
+
 The cluster is the state. Between cycles the poller keeps only the
 settings' last good values, when each running job's progress was last read
-(a rate limiter), each job's view by resourceVersion (`poller.observe`) and
-the count of each job's consecutive failures.
+(a rate limiter), each job's view by resourceVersion (`poller.observe`),
+the count of each job's consecutive failures and the store of finished
+jobs, which a restart rebuilds from the first sweep.
 """
 
 from __future__ import annotations
@@ -36,8 +46,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from poller import api, poison, timefmt
 from poller import decide as decisions
-from poller import poison, timefmt
 from poller.act import Actuator
 from poller.actions import Decision, Needs
 from poller.gate import GateView
@@ -47,9 +57,10 @@ from poller.kueuegate import KueueView
 from poller.observe import Observed, Observer
 from poller.podreads import PodReads
 from poller.queue import plan_queue
-from poller.retained import JobSeries
+from poller.retained import JobSeries, RetainedJobs, record_of
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.statuswrites import StatusWrites
+from poller.sweep import FinishedSweep, SweepReport
 from poller.views import JobView, PodView, QueueSlot
 
 __all__ = ["ACTION_WORKERS", "CycleReport", "Reconciler"]
@@ -66,6 +77,9 @@ class CycleReport:
 
     jobs: int = 0
     pods: int = 0
+    # Reads by name (`poller.observe`): finished jobs, and pods that ended.
+    jobs_read: int = 0
+    pods_read: int = 0
     patches: int = 0
     pods_created: int = 0
     errors: int = 0
@@ -114,11 +128,18 @@ class Reconciler:
         tracker: SettingsTracker | None = None,
         may_act: Callable[[], bool] = lambda: True,
         proof: PodProof | None = None,
+        sweep_in_cycle: bool = True,
     ) -> None:
         self.kube = kube
         self.reads = PodReads(kube)
         self.writes = StatusWrites(kube)
-        self.observer = Observer(kube, self.reads, namespaces)
+        # What is kept of finished jobs, and the sweep that keeps it true.
+        self.retained = RetainedJobs()
+        self.sweep = FinishedSweep(kube, self.retained, namespaces)
+        # True: `run_cycle` runs the sweep's steps itself when they are due (one
+        # process, scripts, tests); the service runs them on a job of its own.
+        self.sweep_in_cycle = sweep_in_cycle
+        self.observer = Observer(kube, self.reads, namespaces, self.retained)
         self.actuator = Actuator(kube, self.reads, self.writes, self.pod_proof)
         self.settings_namespace = settings_namespace
         self.clock = clock
@@ -167,11 +188,18 @@ class Reconciler:
             report.skipped = True
             return report
         settings = self.refresh_settings()
-        listing = self.observer.list_cluster(self.pod_proof().attempt_of)
+        if self.sweep_in_cycle and self.sweep.due(settings, time.monotonic()):
+            self.sweep.step(settings, time.monotonic())
+        listing = self.observer.list_cluster(
+            self.pod_proof().attempt_of, settings, self.clock().timestamp()
+        )
         report.jobs, report.pods = listing.jobs_listed, listing.pods_listed
+        report.jobs_read, report.pods_read = listing.jobs_read, listing.pods_read
         for meta, error in listing.unreadable:
             self._count_error(report, meta, error)
         jobs, pods_by_job = listing.jobs, listing.pods_by_job
+        # Jobs with something to read or do: a finished one is read again next cycle.
+        acted: set[str] = set()
         if listing.kueue_error is not None:
             problem = RuntimeError(listing.kueue_error)
             self._count_error(report, {"namespace": "*", "name": "workloads"}, problem)
@@ -207,6 +235,7 @@ class Reconciler:
                     progress.append((len(outcomes), now, looked))
                     outcomes.append(job)
                 else:
+                    acted.add(job.uid)
                     work = (job, pod, settings, slot, now, looked, report, kueue, gate)
                     outcomes.append(pool.submit(self._handle_safely, *work))
         report.snapshot = [i if isinstance(i, JobView) else i.result() for i in outcomes]
@@ -223,8 +252,34 @@ class Reconciler:
             )
         self._forget_progress(pods_by_job)
         self._failures.forget_except({job.uid for job in jobs})
+        self._keep_finished(report, jobs, acted)
         report.duration = time.monotonic() - started
         return report
+
+    def _keep_finished(self, report: CycleReport, listed: list[JobView], acted: set[str]) -> None:
+        """The store of finished jobs after this cycle: each job decided that is
+        Complete is kept (read again next cycle when it had something to read or
+        do), each other one leaves it. A skipped cycle changes nothing."""
+        if report.skipped:
+            return
+        was_complete = {job.uid for job in listed if job.status.state == api.JobState.COMPLETE}
+        for job in report.snapshot:
+            if job.status.state != api.JobState.COMPLETE or not job.uid:
+                self.retained.drop(job.uid)
+                continue
+            if job.uid not in was_complete:
+                report.finished.append(job)
+            try:
+                self.retained.put(record_of(job, follow=job.uid in acted))
+            except Exception as error:  # one bad object never stops the others
+                self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
+        report.retained = self.retained.series()
+
+    def sweep_finished(self, *, whole_round: bool = False) -> SweepReport:
+        """One step of the sweep of finished jobs (`poller.sweep`), with the current
+        settings; `whole_round` goes on until a round ends. Raises when a LIST fails."""
+        settings = self.refresh_settings()
+        return self.sweep.step(settings, time.monotonic(), whole_round=whole_round)
 
     def _first_look(
         self,

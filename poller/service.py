@@ -1,12 +1,15 @@
-"""Run the polling cycle on an APScheduler interval, and change the interval live.
+"""Run the polling cycle and the sweep of finished jobs on APScheduler intervals, changed live.
 
-One interval job, never overlapping (``max_instances=1``) and never dropped
-for starting late (``misfire_grace_time=None``; ``coalesce`` folds a backlog
-into one run). After every cycle the effective ``poll-interval`` is compared
-with the trigger's, and a change reschedules the job at once, so an operator
-who edits the ConfigMap sees the new spacing within one old interval, without
-a restart. `stop()` lets the running cycle finish: SIGTERM never cuts a cycle
-in half.
+Two interval jobs, each never overlapping itself (``max_instances=1``) and
+never dropped for starting late (``misfire_grace_time=None``; ``coalesce``
+folds a backlog into one run): the cycle every ``poll-interval``, and the
+sweep of finished jobs (`poller.sweep`) every ``finished-sweep-interval``, on
+a thread of its own so that a step listing thousands of finished jobs never
+delays the cycle that sees a pod end. After every run the effective interval
+is compared with the trigger's, and a change reschedules the job at once, so
+an operator who edits the ConfigMap sees the new spacing within one old
+interval, without a restart. `stop()` lets running jobs finish: SIGTERM
+never cuts a cycle in half.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from apscheduler.triggers.interval import IntervalTrigger
 from poller import timefmt
 from poller.reconciler import CycleReport, Reconciler
 
-__all__ = ["JOB_ID", "PollingService"]
+__all__ = ["JOB_ID", "SWEEP_ID", "PollingService"]
 
 log = logging.getLogger(__name__)
 
 JOB_ID = "lmeval-poll-cycle"
+SWEEP_ID = "lmeval-finished-sweep"
 
 
 class PollingService:
@@ -40,8 +44,12 @@ class PollingService:
         self.poller = poller
         self.on_cycle = on_cycle
         self.scheduler = BackgroundScheduler(timezone="UTC")
-        self.interval = poller.refresh_settings().poll_interval
+        settings = poller.refresh_settings()
+        self.interval = settings.poll_interval
+        self.sweep_interval = settings.finished_sweep_interval
         self.stopped = threading.Event()
+        # The sweep runs on its own job (see the module docstring).
+        poller.sweep_in_cycle = False
 
     def _cycle(self) -> None:
         report: CycleReport | None = None
@@ -72,8 +80,21 @@ class PollingService:
         self.interval = wanted
         self.scheduler.reschedule_job(JOB_ID, trigger=IntervalTrigger(seconds=wanted))
 
+    def _sweep(self) -> None:
+        if self.poller.may_act():  # only the leader keeps its store of finished jobs true
+            try:
+                self.poller.sweep_finished()
+            except Exception:  # the scheduler must keep going; the next step retries
+                log.exception("sweep of finished jobs failed")
+        wanted = self.poller.settings.finished_sweep_interval
+        if wanted == self.sweep_interval or self.stopped.is_set():
+            return
+        log.info("finished-sweep-interval changed from %.1f s to %.1f s", self.sweep_interval, wanted)
+        self.sweep_interval = wanted
+        self.scheduler.reschedule_job(SWEEP_ID, trigger=IntervalTrigger(seconds=wanted))
+
     def start(self) -> None:
-        """Start cycling now, then every poll-interval."""
+        """Start cycling and sweeping now, then every poll-interval and finished-sweep-interval."""
         self.scheduler.add_job(
             self._cycle,
             trigger=IntervalTrigger(seconds=self.interval),
@@ -82,6 +103,15 @@ class PollingService:
             coalesce=True,
             misfire_grace_time=None,
             # The first cycle runs right away rather than one interval after start.
+            next_run_time=timefmt.now(),
+        )
+        self.scheduler.add_job(
+            self._sweep,
+            trigger=IntervalTrigger(seconds=self.sweep_interval),
+            id=SWEEP_ID,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
             next_run_time=timefmt.now(),
         )
         self.scheduler.start()

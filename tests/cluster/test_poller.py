@@ -240,9 +240,16 @@ def test_idle_cycle_writes_nothing(
         lambda: all(jobs.status(f"idle-{i}").get("state") == "Complete" for i in range(6)),
         what="all Complete",
     )
+    # The cycle after a job finishes reads it once more by name (settled?).
+    settling = poller.run_cycle()
+    assert settling.patches == 0 and settling.errors == 0
     mark = control_plane.audit.mark()
     report = poller.run_cycle()
-    assert report.jobs == 6 and report.patches == 0 and report.errors == 0
+    # Finished jobs are not listed (status.state!=Complete), nor read: they
+    # are kept by the store, and their series with it.
+    assert (report.jobs, report.jobs_read, report.pods_read) == (0, 0, 0)
+    assert report.patches == 0 and report.errors == 0
+    assert len(report.retained) == 6
 
     def idle_calls() -> list | None:
         calls = control_plane.audit.calls_by(POLLER_USER, since=mark)

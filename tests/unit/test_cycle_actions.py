@@ -19,7 +19,7 @@ from typing import Any
 from driver.protocol import encode_marker
 from poller import api, podspec
 from poller.identity import KEY_FIELD, PodProof
-from poller.kube import LogTail
+from poller.kube import JobsPage, LogTail
 from poller.reconciler import ACTION_WORKERS, Reconciler
 from poller.views import PROOF_ANNOTATION
 
@@ -114,11 +114,25 @@ class StandInKube:
     def read_secret(self, namespace: str, name: str) -> dict[str, Any]:
         return {"data": {KEY_FIELD: base64.b64encode(KEY).decode()}}
 
-    def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+    def list_jobs(
+        self, namespace: str | None = None, *, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         return self.jobs
 
-    def list_pods(self, selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    def list_pods(
+        self, selector: str, namespace: str | None = None, *, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         return self.pods
+
+    # No finished jobs: the sweep lists none, and nothing is read by name.
+    def list_jobs_page(self, namespace: str | None, **_: Any) -> JobsPage:
+        return JobsPage([], None)
+
+    def find_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def find_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
 
     def read_log_tail(
         self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int
