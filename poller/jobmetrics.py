@@ -1,13 +1,16 @@
 """Per-job Prometheus series: every LMEvalJob's state, times, progress and scores.
 
-Built at scrape time from the last cycle's snapshot, an immutable tuple
-replaced as a whole after each cycle. Nothing per job is remembered between
-cycles, so a deleted job's series are gone from the next scrape instead of
-lingering at their last value, and the memory they need is bounded by the
-jobs that exist. A job's scores were parsed from its results JSON once, when
-its view was built (`poller.views.JobView.scores`), not on every scrape; and
-a scrape builds one metric family at a time, so exposing 10000 jobs never
-holds all their samples at once. `poller.metrics` registers the collector
+Built at scrape time from the last cycle's snapshot (the jobs it read), an
+immutable tuple replaced as a whole after each cycle, and the series of the
+finished jobs kept between sweeps (`poller.retained`), which the cycle no
+longer lists: a job in both is exposed from the snapshot. Nothing else per
+job is remembered, so a deleted job's series are gone from the next scrape
+after it leaves both (the sweep removes a deleted finished job from the
+store) instead of lingering at their last value. A job's scores were parsed
+from its results JSON once, when its view was built
+(`poller.views.JobView.scores`), not on every scrape; and a scrape builds one
+metric family at a time, so exposing 100,000 jobs never holds all their
+samples at once. `poller.metrics` registers the collector
 next to the poller's own health metrics.
 """
 
@@ -30,7 +33,7 @@ STATES = tuple(state.value for state in api.JobState)
 
 
 class JobCollector(Collector):
-    """Per-job series from the last cycle's snapshot (and nothing older).
+    """Per-job series from the last cycle's snapshot and the retained finished jobs.
 
     A family of many jobs is yielded in parts of `chunk_jobs` jobs, one after
     the other under the same name; `poller.metrics.exposition_app` writes
@@ -43,20 +46,36 @@ class JobCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._series: tuple[JobSeries, ...] = ()
+        self._uids: frozenset[str] = frozenset()
+        self._retained: Sequence[JobSeries] = ()
 
-    def update(self, jobs: Iterable[JobView]) -> None:
-        """Replace the snapshot; the next scrape sees exactly these jobs."""
+    def update(self, jobs: Iterable[JobView], retained: Sequence[JobSeries] = ()) -> None:
+        """Replace the snapshot; the next scrape sees exactly these jobs.
+
+        `retained` are the finished jobs kept between sweeps
+        (`poller.retained.RetainedJobs.series`); a job among `jobs` too is
+        exposed from `jobs` (read this cycle). The two are merged at scrape
+        time, so a cycle does no work per retained job.
+        """
         series = [series_of(job) for job in jobs]
         snapshot = tuple(sorted(series, key=lambda s: (s.namespace, s.name)))
+        uids = frozenset(s.uid for s in snapshot)
         with self._lock:
-            self._series = snapshot
+            self._series, self._uids, self._retained = snapshot, uids, retained
+
+    def exposed(self) -> Sequence[JobSeries]:
+        """The series a scrape exposes: the snapshot, then the retained jobs not in it."""
+        with self._lock:
+            snapshot, uids, retained = self._series, self._uids, self._retained
+        if not retained:
+            return snapshot
+        return [*snapshot, *(s for s in retained if s.uid not in uids)]
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families((), self.chunk_jobs))
 
     def collect(self) -> Iterable[Metric]:
-        with self._lock:
-            series = self._series
+        series = self.exposed()
         # A generator: the exposition writes each family before the next is
         # built, so a scrape holds the samples of `chunk_jobs` jobs at a time.
         return self._families(series, self.chunk_jobs)
@@ -127,11 +146,10 @@ class JobCollector(Collector):
             for part in _parts(series, chunk):
                 family = GaugeMetricFamily(name, text, labels=[*ids, "task", "metric", "filter"])
                 for job in part:
-                    for score in job.results:
-                        if score.stderr == stderr:
+                    for (task, metric, filter_name, is_stderr), score in job.scores():
+                        if is_stderr == stderr:
                             family.add_metric(
-                                [job.namespace, job.name, score.task, score.metric, score.filter],
-                                score.value,
+                                [job.namespace, job.name, task, metric, filter_name], score
                             )
                 yield family
         yield from _gate_families(series, chunk)

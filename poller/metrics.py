@@ -11,8 +11,9 @@ Two kinds of series, kept apart on purpose:
   because those series live as long as the process and a user who creates
   jobs with fresh names would otherwise grow them without bound.
 * **Jobs** (`poller.jobmetrics.JobCollector`, registered here): built at
-  scrape time from the last cycle's snapshot, so a deleted job's series are
-  gone from the next scrape.
+  scrape time from the last cycle's snapshot and the finished jobs the
+  poller retains (`poller.retained`), so a deleted job's series are gone from the
+  next scrape after it leaves both.
 
 No label is ever named ``job`` or ``instance``: Prometheus attaches those to
 every scraped series itself. ``_created`` series are switched off: they double
@@ -27,12 +28,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qs
@@ -102,16 +102,11 @@ class PollerMetrics:
         registry: CollectorRegistry | None = None,
         *,
         clock: Callable[[], float] = time.time,
-        completed_since: float | None = None,
     ) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self.clock = clock
-        # Jobs that finished before this moment finished before this process
-        # watched them: a restart must not observe their durations again.
-        self.completed_since = clock() if completed_since is None else completed_since
         self._lock = threading.Lock()
-        self._observed: set[str] = set()
         self._started = clock()
         self._last_success: float | None = None
         self._last_duration = 0.0
@@ -233,8 +228,8 @@ class PollerMetrics:
         self.set_leader(True)
         self.cycles.labels("success").inc()
         self.cycle_duration.observe(report.duration)
-        self.jobs.update(report.snapshot)
-        self._observe_durations(report.snapshot)
+        self.jobs.update(report.snapshot, report.retained)
+        self._observe_durations(report.finished)
         self.last_success.set(now)
 
     def cycle_hook(
@@ -252,23 +247,22 @@ class PollerMetrics:
 
         return hook
 
-    def _observe_durations(self, snapshot: Sequence[JobView]) -> None:
-        present: set[str] = set()
-        for job in snapshot:
-            present.add(job.uid)
+    def _observe_durations(self, finished: Iterable[JobView]) -> None:
+        """Observe the run time of each job this cycle moved to Complete.
+
+        Only those: each job is moved to Complete once, by one cycle, so it is
+        observed once with nothing remembered, and a job that finished before
+        this process started (listed or retained, never moved by it) is not
+        observed again after a restart.
+        """
+        for job in finished:
             status = job.status
-            if status.state != api.JobState.COMPLETE or job.uid in self._observed:
-                continue
-            self._observed.add(job.uid)
             end = timestamp(status.complete_time)
             begin = timestamp(status.last_schedule_time) or timestamp(job.creation_timestamp)
-            # completeTime has whole seconds: allow the one this process started in.
-            if end is None or begin is None or end < math.floor(self.completed_since):
+            if status.state != api.JobState.COMPLETE or end is None or begin is None:
                 continue
             reason = (status.reason or api.JobReason.FAILED).value
             self.job_duration.labels(reason).observe(max(end - begin, 0.0))
-        # UIDs are never reused: forget the jobs that are gone (bounded memory).
-        self._observed &= present
 
     # -- health ------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ Checks: per-job series (`lmeval_jobs` with zeros per namespace, `lmeval_job_info
 timestamps, progress, scores split into task/metric/filter labels with stderr
 as a separate metric) come exactly from the last snapshot, so a deleted job's
 series are gone after the next one; a failed cycle keeps the snapshot and is
-counted; the job-duration histogram observes each finished job once, and
-never one that finished before the process started; API requests are counted
+counted; the job-duration histogram observes the jobs a cycle moved to
+Complete (`CycleReport.finished`), so each once, and never one that finished
+before the process started; API requests are counted
 by verb/resource/code; a standby (its cycles skipped, not the leader) is
 alive but exposes no per-job series; no label is named `job` or `instance`, counters and
 histograms carry no user strings, and no `_created` series is exposed; the
@@ -20,7 +21,7 @@ import datetime as dt
 import gzip
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,6 +34,7 @@ from poller import api
 from poller.metrics import MetricsServer, PollerMetrics, exposition_app, serve
 from poller.reconciler import CycleReport
 from poller.results import parse_scores
+from poller.views import JobView
 from tests.metrics.conftest import TOY_RESULTS, make_job
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC).timestamp()  # the jobs' lastScheduleTime
@@ -61,8 +63,20 @@ def metrics(registry: CollectorRegistry, clock: Clock) -> PollerMetrics:
     return PollerMetrics(registry, clock=clock)
 
 
-def cycle(metrics: PollerMetrics, *jobs: object, errors: int = 0, duration: float = 0.2) -> None:
-    report = CycleReport(jobs=len(jobs), errors=errors, duration=duration, snapshot=list(jobs))  # type: ignore[arg-type]
+def cycle(
+    metrics: PollerMetrics,
+    *jobs: JobView,
+    errors: int = 0,
+    duration: float = 0.2,
+    finished: Sequence[JobView] = (),
+) -> None:
+    report = CycleReport(
+        jobs=len(jobs),
+        errors=errors,
+        duration=duration,
+        snapshot=list(jobs),
+        finished=list(finished),
+    )
     metrics.observe_cycle(report, None, interval=10.0)
 
 
@@ -281,7 +295,7 @@ def test_standby_exposes_no_job_series_and_is_not_leader(
     assert value(registry, "lmeval_jobs", namespace="team-a", state="Running") == 1
 
 
-def test_job_duration_observed_once_per_finished_job(
+def test_job_duration_observed_for_the_jobs_a_cycle_finished(
     metrics: PollerMetrics, registry: CollectorRegistry
 ) -> None:
     running = make_job("j", state="Running")
@@ -293,7 +307,8 @@ def test_job_duration_observed_once_per_finished_job(
         scheduled=None,  # never scheduled: measured from creation
         completed="2030-01-01T00:00:30Z",
     )
-    # Finished before this process started: not this process's observation.
+    # Finished before this process started: listed (or retained), never
+    # moved to Complete by this process, so never observed by it.
     old = make_job(
         "old",
         state="Complete",
@@ -302,8 +317,8 @@ def test_job_duration_observed_once_per_finished_job(
         completed="2029-12-01T01:00:00Z",
     )
     cycle(metrics, running, old)
-    cycle(metrics, done, failed, old)
-    cycle(metrics, done, failed, old)
+    cycle(metrics, done, failed, old, finished=[done, failed])
+    cycle(metrics, done, failed, old)  # still listed: observed once only
     count = "lmeval_job_duration_seconds_count"
     assert value(registry, count, reason="Succeeded") == 1
     assert value(registry, "lmeval_job_duration_seconds_sum", reason="Succeeded") == 600
@@ -316,9 +331,10 @@ def test_job_duration_observed_once_per_finished_job(
     assert value(registry, count, reason="Failed") == 1
     assert value(registry, "lmeval_job_duration_seconds_sum", reason="Failed") == 90
     assert value(registry, count, reason="Cancelled") == 0
-    # Deleted jobs are forgotten: the set of observed UIDs stays bounded.
-    cycle(metrics)
-    assert metrics._observed == set()
+    # A job the report says finished but that is not Complete (or has no
+    # completeTime) has no duration to observe.
+    cycle(metrics, finished=[running, make_job("x", state="Complete", reason="Failed")])
+    assert value(registry, count, reason="Failed") == 1
 
 
 def test_kube_requests_leader_and_settings_problems(
