@@ -1,4 +1,4 @@
-"""The Reconciler: one polling cycle over the jobs that can change, observe, decide once per job, act.
+"""The Reconciler: one polling cycle over the jobs that can change; observe, decide once, act.
 
 The service (`poller.service`) calls `Reconciler.run_cycle` on every tick of
 its interval. A cycle reads the settings ConfigMap, lists the LMEvalJobs that

@@ -89,7 +89,9 @@ class PollingService:
         wanted = self.poller.settings.finished_sweep_interval
         if wanted == self.sweep_interval or self.stopped.is_set():
             return
-        log.info("finished-sweep-interval changed from %.1f s to %.1f s", self.sweep_interval, wanted)
+        log.info(
+            "finished-sweep-interval changed from %.1f s to %.1f s", self.sweep_interval, wanted
+        )
         self.sweep_interval = wanted
         self.scheduler.reschedule_job(SWEEP_ID, trigger=IntervalTrigger(seconds=wanted))
 

@@ -1,4 +1,4 @@
-"""The sweep of finished jobs: the slow half of the cycle, at a cost that does not follow the history.
+"""The sweep of finished jobs: the slow half of the cycle, its cost bounded whatever the history.
 
 The hot cycle lists only jobs that are not Complete (`poller.observe`), so
 a finished job costs nothing per cycle; what the poller still needs of it
@@ -146,7 +146,9 @@ class FinishedSweep:
             try:
                 self.store.add(record_of(JobView.from_object(item)))
             except Exception as error:  # unreadable: the cycle reads it and decides
-                log.warning("finished job %s/%s: %s", meta.get("namespace"), meta.get("name"), error)
+                log.warning(
+                    "finished job %s/%s: %s", meta.get("namespace"), meta.get("name"), error
+                )
                 self.store.note_unknown(str(meta.get("namespace")), str(meta.get("name")), uid)
                 report.unknown += 1
                 continue

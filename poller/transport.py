@@ -50,8 +50,13 @@ EXEC_MAX_STDERR_BYTES = 64 * 1024
 # Reads of a capped response body, in pieces of this size.
 _READ_PIECE = 64 * 1024
 # urllib3's default retries (connection errors, and read errors of idempotent requests),
-# but never a redirect: it would carry the token elsewhere.
-_RETRIES = urllib3.Retry(total=3, redirect=False, status=0, raise_on_redirect=False)
+# but never a redirect: it would carry the token elsewhere. An idempotent request
+# answered 429 or 503 with Retry-After (the apiserver while a resource's storage
+# (re)initializes, API Priority and Fairness shedding load) is sent again after
+# the time asked, at most twice, as client-go does; then that answer is returned.
+_RETRIES = urllib3.Retry(
+    total=3, redirect=False, status=2, raise_on_redirect=False, raise_on_status=False
+)
 
 
 @dataclass(frozen=True)

@@ -96,9 +96,7 @@ def test_a_cycle_lists_only_what_can_change(
     ]
 
 
-def test_a_job_finished_behind_the_pollers_back_is_not_lost(
-    poller: Reconciler, jobs: Jobs
-) -> None:
+def test_a_job_finished_behind_the_pollers_back_is_not_lost(poller: Reconciler, jobs: Jobs) -> None:
     jobs.create("elsewhere")
     cycle_until(poller, lambda: jobs.status("elsewhere").get("podName"), what="scheduled")
     _finish(jobs, "elsewhere")

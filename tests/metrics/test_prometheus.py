@@ -9,8 +9,10 @@ Running, then Complete/Succeeded with its lm_eval score for the task (from a
 real lm_eval run) and its duration observed; API requests are counted by the
 API layer; the poller's health series are fresh; every alert rule evaluates
 without error and the not-cycling alert is quiet; every dashboard query
-evaluates. ``promtool check metrics`` accepts the live payload. After the job
-is deleted, its series are gone from the next scrape and from PromQL.
+evaluates. ``promtool check metrics`` accepts the live payload. After the
+finished job is deleted, its series are gone once the sweep of finished jobs
+has listed them without it (``finished-sweep-interval`` 1s here), from the
+next scrape and from PromQL.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from poller.reconciler import Reconciler
 from poller.sandbox.prometheus import PrometheusServer, promtool
 from poller.service import PollingService
 from tests.metrics.test_deploy import DASHBOARD, write_rules
-from tests.poller_fixtures import POLLER_NS, CapturedRun, Jobs, serve_log, terminate
+from tests.poller_fixtures import (
+    BASE_SETTINGS,
+    POLLER_NS,
+    CapturedRun,
+    Jobs,
+    serve_log,
+    set_settings,
+    terminate,
+)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]  # a cold Prometheus build
@@ -64,11 +74,13 @@ class Stack:
 @pytest.fixture
 def stack(
     poller: Reconciler,  # writes the settings (poll-interval 1s)
+    admin_api: client.ApiClient,
     poller_kube: Kube,
     namespace: str,
     prometheus_bin: Path,
     tmp_path: Path,
 ) -> Iterator[Stack]:
+    set_settings(admin_api, {**BASE_SETTINGS, "finished-sweep-interval": "1s"})
     metrics = PollerMetrics(CollectorRegistry())
     kube = Kube(poller_kube.transport, on_request=metrics.on_request)
     watched = Reconciler(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
@@ -199,7 +211,7 @@ def test_prometheus_scrapes_a_job_to_completion_and_forgets_it(
         checked.stdout + checked.stderr
     )
 
-    # Deleted: gone from the next scrape, and from Prometheus (staleness markers).
+    # Deleted: gone after the next sweep step, and from Prometheus (staleness markers).
     client.CustomObjectsApi(admin_api).delete_namespaced_custom_object(
         api.API_GROUP, api.API_VERSION, ns, api.PLURAL, "scored"
     )

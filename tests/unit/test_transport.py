@@ -67,6 +67,8 @@ class Apiserver:
     port: int
     seen: list[Seen] = field(default_factory=list)
     rejected_tokens: set[str] = field(default_factory=set)
+    # Requests answered so far by path (for answers that change on a retry).
+    answered: dict[str, int] = field(default_factory=dict)
 
 
 def _frame(payload: bytes, opcode: int = 0x2) -> bytes:
@@ -112,6 +114,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if parts.path.startswith("/status/"):
             code = int(parts.path.rsplit("/", 1)[1])
             return self._reply(code, {"kind": "Status", "message": f"status {code}"})
+        if parts.path.startswith("/busy/"):  # 429 with Retry-After, the first n times
+            count = self.state.answered.get(parts.path, 0)
+            self.state.answered[parts.path] = count + 1
+            if count < int(parts.path.rsplit("/", 1)[1]):
+                message = "storage is (re)initializing"
+                return self._reply(429, {"kind": "Status", "message": message}, retry_after="0")
+        if parts.path.endswith("/lmevaljobs"):  # pages; a stale token gets 410 Expired
+            return self._pages(seen.query.get("continue", [""])[0])
         if parts.path.startswith("/lines/"):  # a server that ignores limitBytes
             return self._lines(int(parts.path.rsplit("/", 1)[1]))
         if parts.path.endswith("/log"):
@@ -129,9 +139,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
-    def _reply(self, code: int, body: dict[str, Any]) -> None:
+    def _pages(self, token: str) -> None:
+        def item(name: str) -> dict[str, Any]:
+            meta = {"name": name, "namespace": "ns", "uid": f"u-{name}", "resourceVersion": "7"}
+            return {"metadata": meta, "spec": {"model": "hf"}}
+
+        if token == "stale":
+            expired = {"kind": "Status", "reason": "Expired", "metadata": {"continue": "fresh"}}
+            return self._reply(410, expired)
+        if token == "fresh":
+            return self._reply(200, {"metadata": {}, "items": [item("b")]})
+        return self._reply(200, {"metadata": {"continue": "stale"}, "items": [item("a")]})
+
+    def _reply(self, code: int, body: dict[str, Any], retry_after: str = "") -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        if retry_after:
+            self.send_header("Retry-After", retry_after)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -537,6 +561,35 @@ def test_request_query_body_headers_and_statuses(transport: ApiTransport, seen: 
     refused = transport.request("GET", "/status/422")
     assert (refused.status, refused.reason) == (422, "Unprocessable Entity")
     assert json.loads(refused.data)["message"] == "status 422"
+
+
+def test_too_many_requests_is_retried_after_the_time_it_asks(
+    transport: ApiTransport, seen: list[Seen]
+) -> None:
+    # The apiserver answers 429 with Retry-After while a resource's storage
+    # (re)initializes, and when API Priority and Fairness sheds load.
+    assert transport.request("GET", "/busy/2").status == 200
+    assert [s.path for s in seen] == ["/busy/2"] * 3
+    assert transport.request("GET", "/busy/9").status == 429  # given up: returned, not raised
+    assert transport.request("POST", "/busy/1", body={}).status == 429  # never re-sent
+
+
+def test_a_page_after_an_expired_continue_token(transport: ApiTransport, seen: list[Seen]) -> None:
+    kube = Kube(transport)
+    first = kube.list_jobs_page(None, field_selector="status.state=Complete", token=None)
+    assert [i["metadata"]["name"] for i in first.items] == ["a"]
+    assert first.continue_token == "stale" and not first.inconsistent
+    second = kube.list_jobs_page(
+        None, field_selector="status.state=Complete", token="stale", metadata_only=True
+    )
+    assert [i["metadata"] for i in second.items] == [
+        {"name": "b", "namespace": "ns", "uid": "u-b", "resourceVersion": "7"}
+    ]
+    assert second.continue_token is None and second.inconsistent
+    asked = [(s.query.get("continue"), s.headers["accept"]) for s in seen]
+    metadata = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
+    assert asked == [(None, "application/json"), (["stale"], metadata), (["fresh"], metadata)]
+    assert seen[0].query["fieldSelector"] == ["status.state=Complete"]
 
 
 def test_concurrent_requests_share_the_pool(transport: ApiTransport, seen: list[Seen]) -> None:
