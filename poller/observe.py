@@ -35,11 +35,12 @@ Reads that cannot get their data say so in the view (`LogView.unavailable`,
 `ExecView` without text); only transient API errors propagate, so that the
 job is tried again next cycle (`poller.poison`).
 
-Between cycles the observer keeps each job's view keyed by the
-resourceVersion it was built from: a view is a pure function of the object,
-and the apiserver changes the resourceVersion with every change to it, so
-reusing the view of an unchanged job saves validating its status again and
-alters nothing.
+Between cycles the observer keeps each listed job's and pod's view keyed by
+the resourceVersion it was built from: a view is a pure function of the
+object (and of the poller's key, for a pod's proof of origin), and the
+apiserver changes the resourceVersion with every change to it, so reusing
+the view of an unchanged object saves validating it again and alters
+nothing.
 """
 
 from __future__ import annotations
@@ -173,6 +174,9 @@ class Observer:
         # The jobs the last cycle's unfinished LIST returned: one that is not
         # in the next is read by name (it finished, or was deleted).
         self._hot: dict[str, JobKey] = {}
+        # The last cycle's view of every listed pod by UID, with the
+        # resourceVersion it was built from (a running pod rarely changes).
+        self._pods: dict[str, tuple[str, PodView]] = {}
 
     def list_cluster(self, attempt_of: ProofCheck, settings: Settings, now: float) -> Listing:
         """List what can change (page by page) into views, read the few jobs and
@@ -185,6 +189,7 @@ class Observer:
         listing = Listing()
         by_name: dict[tuple[str, str], PodView] = {}
         views: dict[str, JobView] = {}
+        pods: dict[str, tuple[str, PodView]] = {}
         scopes: list[str | None] = [*self.namespaces] or [None]
         for namespace in scopes:
             for obj in self.kube.list_jobs(namespace, field_selector=HOT_JOBS):
@@ -192,13 +197,13 @@ class Observer:
                 self._add_job(listing, views, obj)
             for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace, field_selector=LIVE_PODS):
                 listing.pods_listed += 1
-                view = PodView.from_object(obj, podspec.MAIN_CONTAINER, attempt_of)
+                view = self._pod_view(obj, attempt_of, pods)
                 by_name[(view.namespace, view.name)] = view
         hot = {job.uid: JobKey(job.namespace, job.name, job.uid) for job in listing.jobs}
         with ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="lmeval-read") as pool:
             self._read_finished(listing, views, hot, settings, now, pool)
             self._read_ended_pods(listing, by_name, attempt_of, pool)
-        self._views, self._hot = views, hot
+        self._views, self._hot, self._pods = views, hot, pods
         for job in listing.jobs:
             pod = by_name.get((job.namespace, podspec.pod_name(job.name, job.uid)))
             if pod is not None:
@@ -324,6 +329,22 @@ class Observer:
             found = by_name.get((job.namespace, kueuegate.workload_name(job.name, job.uid)))
             if found is not None and found.owner_uid == job.uid:
                 listing.workloads_by_job[job.uid] = found
+
+    def _pod_view(
+        self, obj: dict[str, Any], attempt_of: ProofCheck, kept: dict[str, tuple[str, PodView]]
+    ) -> PodView:
+        """The pod's view, reused when its resourceVersion did not change (the proof
+        of origin is in the object, so the same object gets the same verdict)."""
+        meta = obj.get("metadata") or {}
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        known = self._pods.get(uid or "")
+        if known is not None and version and known[0] == version:
+            view = known[1]
+        else:
+            view = PodView.from_object(obj, podspec.MAIN_CONTAINER, attempt_of)
+        if uid and version:
+            kept[uid] = (version, view)
+        return view
 
     def _job_view(self, obj: dict[str, Any]) -> JobView:
         """The job's view, reused when its resourceVersion did not change."""

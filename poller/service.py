@@ -57,9 +57,12 @@ class PollingService:
         try:
             report = self.poller.run_cycle()
             log.info(
-                "cycle: %d jobs, %d pods, %d status patches, %d pods created, %d errors in %.3f s",
+                "cycle: %d jobs, %d pods (+%d, %d read by name), %d status patches, "
+                "%d pods created, %d errors in %.3f s",
                 report.jobs,
                 report.pods,
+                report.jobs_read,
+                report.pods_read,
                 report.patches,
                 report.pods_created,
                 report.errors,

@@ -15,7 +15,8 @@ round over N of them takes N / finished-sweep-jobs steps, which is how long
 a deletion or a change can take to be seen.
 
 The first round after start reads whole objects, without pause, to build
-every record (metrics and TTLs need them); later rounds read metadata only
+every record (metrics and TTLs need them; a gated job whose gate has no
+final outcome is marked to be decided by the cycle); later rounds read metadata only
 (uid, name, resourceVersion: about a quarter of the bytes). A record whose
 resourceVersion changed is marked to be read again by the hot cycle, which
 decides on the fresh object; a finished job the store lacks is noted for
@@ -144,7 +145,11 @@ class FinishedSweep:
                 report.unknown += 1
                 continue
             try:
-                self.store.add(record_of(JobView.from_object(item)))
+                record = record_of(JobView.from_object(item))
+                # A gate without a final outcome is decided by the cycle (the
+                # store's other reasons to read a job come from the cycle).
+                record.follow = record.baseline is not None
+                self.store.add(record)
             except Exception as error:  # unreadable: the cycle reads it and decides
                 log.warning(
                     "finished job %s/%s: %s", meta.get("namespace"), meta.get("name"), error

@@ -280,7 +280,7 @@ def test_the_gate_tells_a_regression_from_the_same_model(
     registry = CollectorRegistry()
     collector = JobCollector()
     registry.register(collector)
-    collector.update(report.snapshot)
+    collector.update(report.snapshot, report.retained)  # finished jobs: kept between sweeps
     labels = {"namespace": jobs.namespace, "baseline": "gate-base", "task": TASK, "metric": METRIC}
     assert (
         registry.get_sample_value("lmeval_job_regressed", {**labels, "lmevaljob": "gate-worse"})
