@@ -44,6 +44,13 @@ poller and the poller processes) against another copy of ``poller``.
 
 ``--profile DIR`` also writes a pyinstrument profile of one idle cycle per N
 (``pip install pyinstrument`` first; it is not a project dependency).
+
+``--history 10000,50000,100000`` (with ``--active 1000``) and
+``--half-running 5000`` run the retained-history mode instead of the sizes
+above: thousands of finished jobs whose pods are gone next to a thousand
+running ones, the hot cycle against the floor of the active jobs, and the
+service's requests, bytes, CPU and memory per idle minute. It lives in
+``tests/bench/history.py`` (its docstring says what it measures).
 """
 
 from __future__ import annotations
@@ -114,7 +121,16 @@ MIXES = {
     # A busy moment: most jobs in flight.
     "busy": "CCCCFRRRRRRRSSSSNNNN",  # 25 % complete, 35 % running, 20 %, 20 %
 }
-STATE_OF = {"C": "Complete", "F": "Complete", "R": "Running", "S": "Scheduled", "N": "New"}
+# H (history, tests/bench/history.py): Complete/Succeeded long ago, its pod
+# already reaped, as most of a long-used cluster's jobs are.
+STATE_OF = {
+    "C": "Complete",
+    "F": "Complete",
+    "H": "Complete",
+    "R": "Running",
+    "S": "Scheduled",
+    "N": "New",
+}
 
 BASE_SETTINGS = {
     "pod-image": "registry.example/lmeval-job:bench",
@@ -593,7 +609,7 @@ class Bench:
     def create_job(
         self, namespace: str, name: str, index: int, kind: str, labels: dict[str, str] | None = None
     ) -> str:
-        """One job, its pod (unless New) and, when finished, its final status."""
+        """One job, its pod (unless New or History) and, when finished, its final status."""
         spec = job_spec(index)
         body = {
             "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
@@ -611,8 +627,11 @@ class Bench:
         uid = str(created["metadata"]["uid"])
         if kind == "N":
             return uid
-        pod = self.create_pod(namespace, name, uid, spec, index, kind)
-        if kind in "CF":
+        if kind == "H":  # finished long ago: its pod was reaped
+            pod = podspec.pod_name(name, uid)
+        else:
+            pod = self.create_pod(namespace, name, uid, spec, index, kind)
+        if kind in "CFH":
             status = final_status(index, pod, name, failed=kind == "F")
             self.admin.request(
                 "PATCH",
@@ -1314,6 +1333,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=4, help="kwok nodes")
     parser.add_argument("--workers", type=int, default=12, help="threads creating objects")
     parser.add_argument("--seed", type=int, default=9)
+    retained = parser.add_argument_group(
+        "retained history (tests/bench/history.py; replaces the sizes above when given)"
+    )
+    retained.add_argument(
+        "--history",
+        default="",
+        help="finished-job counts, ascending, e.g. 10000,50000,100000 (with --active running jobs)",
+    )
+    retained.add_argument("--active", type=int, default=1000, help="running jobs (--history)")
+    retained.add_argument(
+        "--idle-seconds", type=float, default=60.0, help="service measured this long per figure"
+    )
+    retained.add_argument(
+        "--warmup-seconds", type=float, default=30.0, help="service runs this long before that"
+    )
+    retained.add_argument(
+        "--half-running",
+        type=int,
+        default=0,
+        help="also N jobs, half running, half finished: the service's CPU per idle minute",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--profile", default=None, help="pyinstrument profiles into this dir")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -1327,11 +1367,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.latency_jobs = min(args.latency_jobs, 30)
         args.spread = min(args.spread, 15.0)
     args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    args.history_list = sorted({int(s) for s in args.history.split(",") if s.strip()})
     return args
+
+
+def write_json(path: Path, args: argparse.Namespace, results: Any, missed: list[str]) -> None:
+    """The figures, the machine and the arguments, for `--json`."""
+    path.write_text(
+        json.dumps(
+            {
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "args": {k: v for k, v in vars(args).items() if k != "json"},
+                "results": results,
+                "missed": missed,
+            },
+            indent=1,
+            default=str,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.history_list or args.half_running:
+        # Run as a script this module is __main__: history.py's
+        # `from bench_cycle import ...` must find it, not load a second copy.
+        sys.modules.setdefault("bench_cycle", sys.modules[__name__])
+        import history  # tests/bench/history.py
+
+        return history.main(args)
     workdir = Path(tempfile.mkdtemp(prefix="bench-cycle-"))
     bench = Bench(args, workdir)
     began = time.monotonic()
@@ -1359,22 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\ntargets: " + ("all met" if not missed else "MISSED:\n  " + "\n  ".join(missed)))
     print(f"(total {time.monotonic() - began:.0f} s)")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": {
-                        "cpus": os.cpu_count(),
-                        "python": platform.python_version(),
-                        "platform": platform.platform(),
-                    },
-                    "args": {k: v for k, v in vars(args).items() if k != "json"},
-                    "results": bench.results,
-                    "missed": missed,
-                },
-                indent=1,
-                default=str,
-            )
-        )
+        write_json(args.json, args, bench.results, missed)
     return 1 if args.check and missed else 0
 
 
