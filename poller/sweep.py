@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,7 +94,7 @@ class FinishedSweep:
         """List the next finished jobs (all of them until the first round ended,
         or with `whole_round`), mark the store, end the round when it is done."""
         with self._lock:
-            self._last_step = now
+            self._last_step, began = now, time.monotonic()
             report = SweepReport(full=not self.warm)
             budget = settings.finished_sweep_jobs
             while True:
@@ -110,7 +111,13 @@ class FinishedSweep:
                     break
                 if budget <= 0 and not (report.full or whole_round):
                     break
-            if report.removed or report.changed or report.unknown:
+            if report.full and report.round_ended:
+                log.info(
+                    "sweep of finished jobs: first round, %d read in %.1f s",
+                    report.listed,
+                    time.monotonic() - began,
+                )
+            elif report.removed or report.changed or report.unknown:
                 log.info(
                     "sweep of finished jobs: %d listed, %d changed, %d unknown, %d removed",
                     report.listed,
