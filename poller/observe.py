@@ -118,8 +118,6 @@ class Listing:
     # Reads by name this cycle: finished jobs, and pods of jobs whose pod ended.
     jobs_read: int = 0
     pods_read: int = 0
-    # Listed jobs the unfinished LIST did not return (read by name), by UID.
-    finished_read: set[str] = field(default_factory=set)
 
     def gate_view(self, job: JobView) -> GateView | None:
         """The job's side of the regression gate, when it has one (spec.gate)."""
@@ -274,7 +272,6 @@ class Observer:
                 self.retained.drop(key.uid)  # deleted (perhaps made again under its name)
             if obj is None or not uid or uid in views:
                 continue
-            listing.finished_read.add(uid)
             self._add_job(listing, views, obj)
 
     def _view_or_unreadable(self, obj: dict[str, Any]) -> JobView:
