@@ -47,6 +47,7 @@ __all__ = [
     "JobSeries",
     "RetainedJobs",
     "ScoreKey",
+    "compact_version",
     "expires_at",
     "record_of",
     "series_of",
@@ -187,7 +188,8 @@ class FinishedRecord:
     """
 
     series: JobSeries
-    resource_version: str
+    # An int when the resourceVersion is one (etcd's are): 28 bytes, not 57.
+    resource_version: int | str
     # spec.ttlSecondsAfterFinished.
     ttl: int | None
     # spec.baseline while the job's regression gate still waits on it (no final
@@ -241,12 +243,20 @@ def record_of(job: JobView, *, follow: bool = False) -> FinishedRecord:
     """The record of a finished job, from its view."""
     return FinishedRecord(
         series=series_of(job),
-        resource_version=job.resource_version,
+        resource_version=compact_version(job.resource_version),
         ttl=job.ttl_seconds_after_finished,
         baseline=_waiting_baseline(job),
         queued=bool(job.queue_name),
         follow=follow,
     )
+
+
+def compact_version(resource_version: str) -> int | str:
+    """A resourceVersion as kept in a record: an int when it is a plain decimal
+    number (they are opaque to clients, so anything else is kept as it is)."""
+    if resource_version.isascii() and resource_version.isdigit() and resource_version[0] != "0":
+        return int(resource_version)
+    return resource_version
 
 
 def expires_at(record: FinishedRecord, default_ttl: int | None) -> float | None:
@@ -409,7 +419,7 @@ class RetainedJobs:
             if record is None:
                 return False
             record.seen = round
-            if record.resource_version != resource_version and not record.follow:
+            if record.resource_version != compact_version(resource_version) and not record.follow:
                 record.follow = True
                 self._follow.add(uid)
             return True

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from poller import api
 from poller.kube import PAGE_SIZE, Kube
-from poller.retained import RetainedJobs, record_of
+from poller.retained import RetainedJobs, compact_version, record_of
 from poller.settings import Settings
 from poller.views import JobView
 
@@ -145,7 +145,8 @@ class FinishedSweep:
             report.listed += 1
             known = self.store.get(uid)
             if self.store.saw(round_number, uid, version):
-                report.changed += known is not None and known.resource_version != version
+                changed = known is not None and known.resource_version != compact_version(version)
+                report.changed += changed
                 continue
             if not report.full:
                 self.store.note_unknown(str(meta.get("namespace")), str(meta.get("name")), uid)

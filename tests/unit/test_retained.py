@@ -137,8 +137,9 @@ def test_record_of_holds_what_the_cycle_needs() -> None:
         "u-1",
         "ns",
         "j",
-        "42",
+        42,  # etcd's decimal resourceVersions are kept as ints (28 bytes, not 51)
     )
+    assert record_of(finished("k", rv="v-7")).resource_version == "v-7"  # opaque: as it is
     assert (record.ttl, record.completed, record.queued) == (600, T_DONE, True)
     assert (record.baseline, record.follow, record.seen, record.born) == (None, False, 0, 0)
     assert record_of(job, follow=True).follow
