@@ -478,21 +478,25 @@ class Run:
             "results_size": len(raw),
             "results_sha256": hashlib.sha256(raw).hexdigest(),
         }
+        chunks: list[str] = []
         try:
             chunks = encode_results(raw, self.run_id)
         except ValueError as exc:  # over the protocol's limits: the poller would refuse them
-            details["results_chunks"] = 0
             details["results_note"] = f"{exc}: too large for the log; read {stable}"
-        else:
-            details["results_chunks"] = len(chunks)
-            for line in chunks:
-                self.sink.marker(line)
-        from driver.samples import send_items
+        details["results_chunks"] = len(chunks)
+        from driver.samples import prepare_items
 
+        # Everything slow first (the model server's identity, the per-item
+        # scores, the OCI push), then the results, items and final markers
+        # back to back: a kubelet that rotates the log in between would leave
+        # `kubectl logs` (the current file only) with a final marker and no results.
         models = self._server_models()
-        details.update(send_items(source, self.run_dir, self.run_id, models, self.sink))
+        items, found = prepare_items(source, self.run_dir, self.run_id, models, self.sink)
+        details.update(found)
         if self.opts.oci_push is not None:
             details.update(self._push(raw, details))
+        for line in (*chunks, *items):
+            self.sink.marker(line)
         return self._final(EVENT_COMPLETED, EXIT_OK, "lm_eval completed", None, **details)
 
     def _push(self, raw: bytes, details: FinalDetails) -> FinalDetails:

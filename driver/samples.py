@@ -59,9 +59,9 @@ __all__ = [
     "SendItems",
     "extract_items",
     "items_markers",
+    "prepare_items",
     "read_task",
     "samples_files",
-    "send_items",
 ]
 
 ITEMS_FILE = "lmeval-items.json"
@@ -322,10 +322,14 @@ def items_markers(
     return SendItems(markers, details, note)
 
 
-def send_items(
+def prepare_items(
     results_file: str, run_dir: str, run_id: str, models: str | None, sink: Sink
-) -> FinalDetails:
-    """Write the `items` markers of a finished run; its final marker's items_* fields.
+) -> tuple[list[str], FinalDetails]:
+    """The `items` markers of a finished run, not written yet, and its final
+    marker's items_* fields. The caller writes them right after the results
+    markers: everything slow (reading the samples, encoding) happens before
+    the first of them, so that the kubelet cannot rotate the log between the
+    results and the final marker while this runs.
 
     Never raises: per-item scores are an addition, a failure to extract them
     (a bug, MemoryError) is a note and ``items_note``, the results stand.
@@ -335,11 +339,9 @@ def send_items(
     except Exception as exc:
         note = f"cannot extract per-item scores: {type(exc).__name__}: {exc}"[:1000]
         sink.note(note)
-        return {"items_chunks": 0, "items_note": note}
+        return [], {"items_chunks": 0, "items_note": note}
     if sent is None:
-        return {}
+        return [], {}
     if sent.note:
         sink.note(sent.note)
-    for line in sent.markers:
-        sink.marker(line)
-    return sent.details
+    return list(sent.markers), sent.details

@@ -276,10 +276,11 @@ class Reconciler:
         report.retained = self.retained.series()
 
     def sweep_finished(self, *, whole_round: bool = False) -> SweepReport:
-        """One step of the sweep of finished jobs (`poller.sweep`), with the current
-        settings; `whole_round` goes on until a round ends. Raises when a LIST fails."""
-        settings = self.refresh_settings()
-        return self.sweep.step(settings, time.monotonic(), whole_round=whole_round)
+        """One step of the sweep of finished jobs (`poller.sweep`), with the settings
+        the last cycle read (the settings tracker is the cycle's: the sweep's own
+        thread never updates it); `whole_round` goes on until a round ends.
+        Raises when a LIST fails."""
+        return self.sweep.step(self.settings, time.monotonic(), whole_round=whole_round)
 
     def _first_look(
         self,

@@ -97,6 +97,11 @@ def test_every_marker_the_driver_writes_has_its_typed_payload(
     if "samples_t" in child[-1]:
         assert [b["event"] for b in bodies[-3:]] == ["results", "items", "completed"]
         assert bodies[-1]["items_chunks"] == 1
+        # Back to back, the last lines written: the slow steps (samples, the
+        # model server's identity) come before them, so a kubelet rotating the
+        # log cannot leave the final marker without the results in one file.
+        last = [line for line in run.out.splitlines() if line.strip()][-3:]
+        assert all(line.startswith(protocol.MARKER_PREFIX) for line in last), last
     for body in bodies:
         _assert_payload_is_typed(body)
 
