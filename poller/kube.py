@@ -199,22 +199,14 @@ class Kube:
     def find_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The LMEvalJob `namespace/name` as a `JobObject`, or None (a LIST by name:
         the poller's role lists jobs and needs no GET)."""
-        path = f"{_JOBS}/namespaces/{namespace}/{api.PLURAL}"
-        return self._find(path, api.PLURAL, kubepages.JOB_PAGE, name)
-
-    def _find(
-        self, path: str, resource: str, page: TypeAdapter[Any], name: str
-    ) -> dict[str, Any] | None:
-        """The object `name` of the collection at `path`, by a LIST with a field
-        selector on its name (the poller's role needs no `get`), or None."""
         raw = self._request(
             "GET",
-            path,
+            f"{_JOBS}/namespaces/{namespace}/{api.PLURAL}",
             verb="list",
-            resource=resource,
+            resource=api.PLURAL,
             query={"fieldSelector": f"metadata.name={name}", "limit": 1},
         )
-        items: list[dict[str, Any]] = page.validate_json(raw).get("items") or []
+        items: list[dict[str, Any]] = kubepages.JOB_PAGE.validate_json(raw).get("items") or []
         return items[0] if items else None
 
     def list_pods(
@@ -330,7 +322,15 @@ class Kube:
 
     def find_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod `namespace/name` whatever its labels (a LIST: the poller may not GET pods)."""
-        return self._find(f"/api/v1/namespaces/{namespace}/pods", "pods", kubepages.POD_PAGE, name)
+        raw = self._request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            verb="list",
+            resource="pods",
+            query={"fieldSelector": f"metadata.name={name}", "limit": 1},
+        )
+        items: list[dict[str, Any]] = kubepages.POD_PAGE.validate_json(raw).get("items") or []
+        return items[0] if items else None
 
     def read_log_tail(
         self, namespace: str, pod: str, container: str, tail_lines: int, limit_bytes: int
