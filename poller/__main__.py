@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from poller import heap
 from poller.kube import Kube
 from poller.leader import LeaderElector
 from poller.metrics import PollerMetrics, serve
@@ -117,8 +118,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before any thread allocates: the arenas are fixed when threads first use them.
+    tuned = heap.tune_malloc()
     args = parse_args(argv)
     _setup_logging(args.log_level, args.json_logs)
+    logging.getLogger("poller").debug("malloc settings: %s", tuned or "as they were")
     metrics = PollerMetrics()
     identity = (
         args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"

@@ -14,8 +14,6 @@ never cuts a cycle in half.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import threading
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from poller import timefmt
+from poller.heap import release_freed_memory
 from poller.reconciler import CycleReport, Reconciler
 
 __all__ = ["JOB_ID", "SWEEP_ID", "PollingService"]
@@ -88,9 +87,10 @@ class PollingService:
     def _sweep(self) -> None:
         if self.poller.may_act():  # only the leader keeps its store of finished jobs true
             try:
-                step = self.poller.sweep_finished()
-                if step.full and step.round_ended:
-                    release_freed_memory()
+                self.poller.sweep_finished()
+                # After the first round (every finished job parsed whole), then
+                # once a step: what the cycles, log reads and scrapes freed since.
+                release_freed_memory()
             except Exception:  # the scheduler must keep going; the next step retries
                 log.exception("sweep of finished jobs failed")
         wanted = self.poller.settings.finished_sweep_interval
@@ -130,18 +130,3 @@ class PollingService:
         self.stopped.set()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
-
-
-def release_freed_memory() -> None:
-    """Hand the heap glibc keeps after frees back to the system (malloc_trim).
-
-    The sweep's first round parses every finished job's whole object, page
-    after page, while the records it keeps are made: measured with 100,000
-    finished jobs, trimming after it lowers the RSS by 15 MiB. Elsewhere
-    than glibc there is nothing to do.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        return
