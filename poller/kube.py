@@ -128,9 +128,17 @@ class Kube:
     # -- reads -----------------------------------------------------------------
 
     def _list(
-        self, path: str, resource: str, page: TypeAdapter[Any], **query: Any
+        self,
+        path: str,
+        resource: str,
+        page: TypeAdapter[Any],
+        page_size: int = PAGE_SIZE,
+        unchanged: kubepages.Unchanged | None = None,
+        **query: Any,
     ) -> Iterator[dict[str, Any]]:
-        """Every item, one page at a time, the next page already on its way."""
+        """Every item, one page at a time, the next page already on its way (the
+        items of a page that `unchanged` accepts whole as metadata only, see
+        `kubepages.paged`)."""
 
         def fetch(token: str | None) -> bytes:
             return self._request(
@@ -138,21 +146,29 @@ class Kube:
                 path,
                 verb="list",
                 resource=resource,
-                query={**query, "limit": PAGE_SIZE, "continue": token},
+                query={**query, "limit": page_size, "continue": token},
             )
 
-        return kubepages.paged(fetch, page)
+        return kubepages.paged(fetch, page, unchanged)
 
     def list_jobs(
-        self, namespace: str | None = None, *, field_selector: str | None = None
+        self,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        page_size: int = PAGE_SIZE,
+        unchanged: kubepages.Unchanged | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Every LMEvalJob (in `namespace`, or in all namespaces) that `field_selector`
-        selects (the CRD makes status.state selectable), as `JobObject`s."""
+        selects (the CRD makes status.state selectable), as `JobObject`s (metadata
+        only on a page that `unchanged` accepts whole)."""
         where = f"/namespaces/{namespace}" if namespace else ""
         return self._list(
             f"{_JOBS}{where}/{api.PLURAL}",
             api.PLURAL,
             kubepages.JOB_PAGE,
+            page_size,
+            unchanged,
             fieldSelector=field_selector,
         )
 
@@ -215,14 +231,19 @@ class Kube:
         namespace: str | None = None,
         *,
         field_selector: str | None = None,
+        page_size: int = PAGE_SIZE,
+        unchanged: kubepages.Unchanged | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Pods matching `label_selector` and `field_selector` (in `namespace`, or
-        everywhere), as `PodObject`s."""
+        everywhere), as `PodObject`s (metadata only on a page that `unchanged`
+        accepts whole)."""
         where = f"/namespaces/{namespace}" if namespace else ""
         return self._list(
             f"/api/v1{where}/pods",
             "pods",
             kubepages.POD_PAGE,
+            page_size,
+            unchanged,
             labelSelector=label_selector,
             fieldSelector=field_selector,
         )

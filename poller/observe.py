@@ -45,7 +45,7 @@ nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -63,6 +63,7 @@ from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueS
 __all__ = [
     "FINISHED_READS_PER_CYCLE",
     "HOT_JOBS",
+    "HOT_PAGE_SIZE",
     "ITEMS_READ_MAX",
     "LIVE_PODS",
     "MANAGED_SELECTOR",
@@ -76,6 +77,18 @@ MANAGED_SELECTOR = f"{podspec.LABEL_MANAGED_BY}={podspec.MANAGED_BY}"
 # What can still change: jobs not Complete, pods not ended.
 HOT_JOBS = f"status.state!={api.JobState.COMPLETE.value}"
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+# The hot job listing's page size. The apiserver answers a first page from
+# its watch cache (milliseconds), but a continue page from its cache only
+# while it keeps a snapshot at the token's resourceVersion, and it drops them
+# all at the next etcd compaction when no LMEvalJob changed since (a quiet
+# cluster, every 5 minutes). Then a continue page is read from etcd, filtered
+# object by object from the token's key on: with 1,000 active jobs among
+# 100,000 finished ones, 30-40 s per page, measured (tests/bench/history.py;
+# a single page took 0.2-0.6 s). So up to this many active jobs are one page;
+# the price is their parsed page held at once (about 12 MiB per 1,000 jobs,
+# measured) instead of 500 jobs' worth. Pods keep pages of 500: the pods
+# resource changes all the time in a real cluster, so its snapshots stay.
+HOT_PAGE_SIZE = 2000
 # Finished jobs read by name in one cycle (due TTLs first): a burst (the sweep
 # seeing many changed at once) is spread over cycles instead of one long one.
 FINISHED_READS_PER_CYCLE = 200
@@ -190,10 +203,17 @@ class Observer:
         pods: dict[str, tuple[str, PodView]] = {}
         scopes: list[str | None] = [*self.namespaces] or [None]
         for namespace in scopes:
-            for obj in self.kube.list_jobs(namespace, field_selector=HOT_JOBS):
+            for obj in self.kube.list_jobs(
+                namespace,
+                field_selector=HOT_JOBS,
+                page_size=HOT_PAGE_SIZE,
+                unchanged=self._job_unchanged,
+            ):
                 listing.jobs_listed += 1
                 self._add_job(listing, views, obj)
-            for obj in self.kube.list_pods(MANAGED_SELECTOR, namespace, field_selector=LIVE_PODS):
+            for obj in self.kube.list_pods(
+                MANAGED_SELECTOR, namespace, field_selector=LIVE_PODS, unchanged=self._pod_unchanged
+            ):
                 listing.pods_listed += 1
                 view = self._pod_view(obj, attempt_of, pods)
                 by_name[(view.namespace, view.name)] = view
@@ -334,22 +354,32 @@ class Observer:
         of origin is in the object, so the same object gets the same verdict)."""
         meta = obj.get("metadata") or {}
         uid, version = meta.get("uid"), meta.get("resourceVersion")
-        known = self._pods.get(uid or "")
-        if known is not None and version and known[0] == version:
-            view = known[1]
+        if self._pod_unchanged(meta):
+            view = self._pods[meta["uid"]][1]
         else:
             view = PodView.from_object(obj, podspec.MAIN_CONTAINER, attempt_of)
         if uid and version:
             kept[uid] = (version, view)
         return view
 
+    def _job_unchanged(self, meta: Mapping[str, Any]) -> bool:
+        """Whether the last cycle's view of this job is at this resourceVersion: a
+        page of such jobs is parsed for its metadata only (`kubepages.paged`)."""
+        known = self._views.get(meta.get("uid") or "")
+        version = meta.get("resourceVersion")
+        return known is not None and bool(version) and known.resource_version == version
+
+    def _pod_unchanged(self, meta: Mapping[str, Any]) -> bool:
+        """As `_job_unchanged`, for the pods' views."""
+        known = self._pods.get(meta.get("uid") or "")
+        version = meta.get("resourceVersion")
+        return known is not None and bool(version) and known[0] == version
+
     def _job_view(self, obj: dict[str, Any]) -> JobView:
         """The job's view, reused when its resourceVersion did not change."""
         meta = obj.get("metadata") or {}
-        known = self._views.get(meta.get("uid") or "")
-        version = meta.get("resourceVersion")
-        if known is not None and version and known.resource_version == version:
-            return known
+        if self._job_unchanged(meta):
+            return self._views[meta["uid"]]
         return JobView.from_object(obj)
 
     def gather(

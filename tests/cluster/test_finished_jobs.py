@@ -1,15 +1,15 @@
 """Finished jobs cost nothing per cycle, and no transition is missed for it.
 
 On the real control plane: a cycle lists only jobs that are not Complete
-(the CRD's selectable status.state) and pods that have not ended, as the
-apiserver's audit log shows; finished jobs' series still reach the metrics
-from the store of finished jobs. Between the hot cycle and the sweep
-nothing is lost: a job finished behind the poller's back is read by name in
-the next cycle; a finished job deleted is dropped by the end of a sweep
-round; a finished job whose spec changes (a TTL set afterwards) is seen by
-the sweep and decided by the cycle; a TTL expires for a job that finished
-before the poller started; and the pod of a running job that ended is
-found although the LIST of live pods no longer returns it.
+(the CRD's selectable status.state, in one page of up to 2,000) and pods
+that have not ended, as the apiserver's audit log shows; finished jobs'
+series still reach the metrics from the store of finished jobs. Between the
+hot cycle and the sweep nothing is lost: a job finished behind the poller's
+back is read by name in the next cycle; a finished job deleted is dropped by
+the end of a sweep round; a finished job whose spec changes (a TTL set
+afterwards) is seen by the sweep and decided by the cycle; a TTL expires for
+a job that finished before the poller started; and the pod of a running job
+that ended is found although the LIST of live pods no longer returns it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest
 from kubernetes import client
 
 from poller import api, timefmt
-from poller.kube import Kube
+from poller.kube import PAGE_SIZE, Kube
+from poller.observe import HOT_PAGE_SIZE
 from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import POLLER_NS, CapturedRun, Jobs, cycle_until, serve_log, terminate
@@ -94,6 +95,13 @@ def test_a_cycle_lists_only_what_can_change(
         "status.phase!=Succeeded,status.phase!=Failed",
         "status.state!=Complete",
     ]
+    # Active jobs in one page as far as it goes (observe.HOT_PAGE_SIZE): a
+    # continue page of a quiet resource is read from etcd, past every finished job.
+    limits = {q["fieldSelector"][0]: q["limit"][0] for q in seen}
+    assert limits == {
+        "status.state!=Complete": str(HOT_PAGE_SIZE),
+        "status.phase!=Succeeded,status.phase!=Failed": str(PAGE_SIZE),
+    }
 
 
 def test_a_job_finished_behind_the_pollers_back_is_not_lost(poller: Reconciler, jobs: Jobs) -> None:

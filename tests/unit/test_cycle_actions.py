@@ -115,12 +115,17 @@ class StandInKube:
         return {"data": {KEY_FIELD: base64.b64encode(KEY).decode()}}
 
     def list_jobs(
-        self, namespace: str | None = None, *, field_selector: str | None = None
+        self, namespace: str | None = None, *, field_selector: str | None = None, **_: Any
     ) -> list[dict[str, Any]]:
         return self.jobs
 
     def list_pods(
-        self, selector: str, namespace: str | None = None, *, field_selector: str | None = None
+        self,
+        selector: str,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        **_: Any,
     ) -> list[dict[str, Any]]:
         return self.pods
 

@@ -211,12 +211,17 @@ class RecordingKube:
         return {"data": {KEY_FIELD: base64.b64encode(KEY).decode()}}
 
     def list_jobs(
-        self, namespace: str | None = None, *, field_selector: str | None = None
+        self, namespace: str | None = None, *, field_selector: str | None = None, **_: Any
     ) -> list[dict[str, Any]]:
         return [self.job]
 
     def list_pods(
-        self, selector: str, namespace: str | None = None, *, field_selector: str | None = None
+        self,
+        selector: str,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        **_: Any,
     ) -> list[dict[str, Any]]:
         return self.pods
 
