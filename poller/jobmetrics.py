@@ -13,8 +13,9 @@ metric family at a time, so exposing 100,000 jobs never holds all their
 samples at once. A plain scrape has each part written straight to text
 (`JobFamilyPart.text`): at 100,000 finished jobs that is most of what the
 poller does, and prometheus_client's generic path (a `Sample` per line, each
-formatted on its own) cost it 11 s of CPU a scrape. `poller.metrics` registers
-the collector next to the poller's own health metrics.
+formatted on its own) cost it 11 s of CPU a scrape, written directly 3.1 s.
+`poller.metrics` registers the collector next to the poller's own health
+metrics.
 """
 
 from __future__ import annotations

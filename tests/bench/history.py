@@ -95,6 +95,7 @@ from typing import Any
 
 from bench_cycle import (
     BASE_SETTINGS,
+    FIRST_ROUND,
     JOBS_LIST,
     NAMESPACES,
     PODS_LIST,
@@ -106,15 +107,16 @@ from bench_cycle import (
     write_json,
 )
 
-from poller.observe import MANAGED_SELECTOR
+from poller.observe import HOT_PAGE_SIZE, MANAGED_SELECTOR
 from poller.sandbox.components import free_port
 from poller.sandbox.controlplane import ControlPlane
 
 ACTIVE_JOBS = "status.state!=Complete"
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-# What a hot cycle has to read: the floor it is measured against.
+# What a hot cycle has to read, in pages of the poller's size: the floor it
+# is measured against.
 HOT_LISTS: list[tuple[str, dict[str, str]]] = [
-    (JOBS_LIST, {"fieldSelector": ACTIVE_JOBS}),
+    (JOBS_LIST, {"fieldSelector": ACTIVE_JOBS, "limit": str(HOT_PAGE_SIZE)}),
     (PODS_LIST, {"labelSelector": MANAGED_SELECTOR, "fieldSelector": ACTIVE_PODS}),
 ]
 # The apiserver's resources whose requests and bytes are counted.
@@ -132,10 +134,6 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 # -- what the apiserver and the service say about themselves ------------------------
-
-
-# What the service logs when the sweep's first round after its start ended.
-FIRST_ROUND = "sweep of finished jobs: first round"
 
 
 def apiserver_counters(bench: Bench) -> dict[tuple[str, str, str], float]:
