@@ -127,13 +127,17 @@ def paged(
     """
     raw = fetch(None)
     while True:
-        token = (METADATA_ONLY.validate_json(raw).get("metadata") or {}).get("continue")
+        # The quick pass: the list's metadata (its continue token), and with
+        # `unchanged` each item's metadata too, in the same parse.
+        quick = (METADATA_PAGE if unchanged is not None else METADATA_ONLY).validate_json(raw)
+        token = (quick.get("metadata") or {}).get("continue")
         following = _Prefetch(fetch, token) if token else None
         items: list[dict[str, Any]] | None = None
         if unchanged is not None:
-            slim: list[dict[str, Any]] = METADATA_PAGE.validate_json(raw).get("items") or []
+            slim: list[dict[str, Any]] = quick.get("items") or []
             if all(unchanged(item.get("metadata") or ObjectMetadata()) for item in slim):
                 items = slim
+        del quick
         if items is None:
             items = page.validate_json(raw).get("items") or []
         del raw
