@@ -26,7 +26,10 @@ The containers run under the job's restricted profile, without a token and
 without API rights (they are the job pod's). Credentials, when a source names
 a Secret, are a ``.git-credentials`` file mounted into the fetch container
 only and read by git's own ``store`` credential helper (configured through
-``GIT_CONFIG_*`` variables): never in the URL, the argv or the log. Git never
+``GIT_CONFIG_*`` variables): never in the URL, the argv or the log. The
+same variables declare the clone's directory, which the kubelet makes owned
+by root, a ``safe.directory``: git refuses it otherwise (a real node showed
+it; the local runner's directories belong to the user running git). Git never
 prompts (``GIT_TERMINAL_PROMPT=0``), reads no system or user configuration,
 and may use only the transports the schema allows (``GIT_ALLOW_PROTOCOL``).
 
@@ -197,7 +200,7 @@ def _argv(repo: str, index: int, source: api.GitSource, step: str) -> list[str]:
             f"--output={CLONE_ROOT}/{index}{COMMIT_SUFFIX}"]  # fmt: skip
 
 
-def _env(credentials: bool) -> list[dict[str, str]]:
+def _env(repo: str, credentials: bool) -> list[dict[str, str]]:
     env = [
         {"name": "HOME", "value": "/tmp"},  # noqa: S108 (the pod's own emptyDir)
         {"name": "GIT_TERMINAL_PROMPT", "value": "0"},
@@ -205,16 +208,21 @@ def _env(credentials: bool) -> list[dict[str, str]]:
         {"name": "GIT_CONFIG_GLOBAL", "value": "/dev/null"},
         {"name": "GIT_ALLOW_PROTOCOL", "value": "https:http:git"},
     ]
+    # The clone's directory is the emptyDir's mount point, which the kubelet
+    # makes owned by root: git (2.35.2 on) refuses a repository owned by
+    # another user than the one running it ("dubious ownership"), so this
+    # one directory, and only it, is declared safe. Command-scope
+    # configuration (GIT_CONFIG_COUNT) is one git honours for it.
+    config = [("safe.directory", repo)]
     if credentials:
         # git's own store helper reads the mounted file; it is named here, in
         # the environment, never in the URL or the argv.
+        config.append(("credential.helper", f"store --file={CREDENTIALS_MOUNT}/{CREDENTIALS_KEY}"))
+    env.append({"name": "GIT_CONFIG_COUNT", "value": str(len(config))})
+    for number, (key, value) in enumerate(config):
         env += [
-            {"name": "GIT_CONFIG_COUNT", "value": "1"},
-            {"name": "GIT_CONFIG_KEY_0", "value": "credential.helper"},
-            {
-                "name": "GIT_CONFIG_VALUE_0",
-                "value": f"store --file={CREDENTIALS_MOUNT}/{CREDENTIALS_KEY}",
-            },
+            {"name": f"GIT_CONFIG_KEY_{number}", "value": key},
+            {"name": f"GIT_CONFIG_VALUE_{number}", "value": value},
         ]
     return env
 
@@ -266,7 +274,7 @@ def init_containers(
                     "image": settings.git_image,
                     "imagePullPolicy": settings.image_pull_policy,
                     "command": _argv(repo, index, source, step),
-                    "env": _env(credentials),
+                    "env": _env(repo, credentials),
                     "securityContext": context,
                     "volumeMounts": mounts,
                     "terminationMessagePolicy": "FallbackToLogsOnError",

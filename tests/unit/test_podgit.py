@@ -21,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from driver import protocol
-from driver.run import read_task_sources
+from driver.provenance import read_task_sources
 from poller import api, podgit, podspec
 from poller.settings import Settings
 
@@ -165,13 +165,29 @@ def test_credentials_are_a_file_for_the_fetch_only() -> None:
         names = {m["name"] for m in container["volumeMounts"]}
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["GIT_TERMINAL_PROMPT"] == "0" and env["GIT_CONFIG_NOSYSTEM"] == "1"
+        config = _git_config(env)
         if container["name"].endswith("-fetch"):
             assert volume["name"] in names
-            assert env["GIT_CONFIG_KEY_0"] == "credential.helper"
-            assert env["GIT_CONFIG_VALUE_0"].startswith("store --file=/")
+            assert config["credential.helper"].startswith("store --file=/")
         else:
-            assert volume["name"] not in names and "GIT_CONFIG_KEY_0" not in env
+            assert volume["name"] not in names and "credential.helper" not in config
     assert volume["name"] not in {m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+
+
+def _git_config(env: dict[str, str]) -> dict[str, str]:
+    """The command-scope configuration an init container's environment gives git."""
+    count = int(env["GIT_CONFIG_COUNT"])
+    assert not {f"GIT_CONFIG_KEY_{count}", f"GIT_CONFIG_VALUE_{count}"} & set(env)
+    return {env[f"GIT_CONFIG_KEY_{n}"]: env[f"GIT_CONFIG_VALUE_{n}"] for n in range(count)}
+
+
+def test_the_clone_directory_alone_is_a_safe_directory() -> None:
+    # The kubelet makes an emptyDir's mount point owned by root; git refuses a
+    # repository its user does not own unless it is declared safe.
+    for git in ({"url": URL}, {"url": URL, "credentialsSecret": "git-auth"}):
+        for container in _inits(_pod(_spec(git))):
+            env = {e["name"]: e["value"] for e in container["env"]}
+            assert _git_config(env)["safe.directory"] == "/opt/lmeval/tasks/git-1"
 
 
 def test_plaintext_and_code_rules() -> None:
