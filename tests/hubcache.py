@@ -10,6 +10,9 @@ ARC-Easy configuration of ``allenai/ai2_arc``, the dataset of lm_eval's
 ``arc_easy`` task, from a few rows written here with pyarrow: the Hub's
 own dataset card (its ``configs:`` and ``dataset_info:`` for ARC-Easy) and one
 parquet file per split, named as on the Hub. Nothing is fetched.
+`static_claim_manifests` puts such a cache behind a claim, the way a cluster
+administrator pre-provisions storage (the local runner's and the real node's
+tests alike).
 """
 
 from __future__ import annotations
@@ -18,8 +21,16 @@ import hashlib
 import io
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ARC_COMMIT", "ARC_REPO", "ARC_ROWS", "tree_state", "write_arc_easy"]
+__all__ = [
+    "ARC_COMMIT",
+    "ARC_REPO",
+    "ARC_ROWS",
+    "static_claim_manifests",
+    "tree_state",
+    "write_arc_easy",
+]
 
 ARC_REPO = "datasets--allenai--ai2_arc"
 ARC_COMMIT = "210d026faf9955653af8916fad021475a3f00453"
@@ -128,3 +139,35 @@ def tree_state(root: Path) -> dict[str, tuple[str, int, float]]:
         kind = "link" if path.is_symlink() else "dir" if path.is_dir() else "file"
         state[str(path.relative_to(root))] = (kind, info.st_size, info.st_mtime)
     return state
+
+
+def static_claim_manifests(namespace: str, name: str, path: Path) -> list[dict[str, Any]]:
+    """A hostPath PV at `path`, pre-bound to claim `namespace/name`, and the claim
+    (ReadOnlyMany, no storage class: the controller-manager's binder binds them)."""
+    volume = f"{namespace}-{name}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(path), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": name},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]

@@ -59,6 +59,10 @@ _setup_python() {
             && "$venv/bin/pip" install -e ".[dev]" \
             && touch "$venv/.complete" \
             || return 1
+        # Each change of pyproject.toml makes an environment of about 1.2 GB:
+        # keep this one and the newest other (for switching back), drop the rest.
+        ls -dt "$cache"/venv-* 2>/dev/null | grep -vxF "$venv" | tail -n +2 \
+            | while IFS= read -r old; do rm -rf "$old"; done || true
     fi
     # Always point the (shared) environment at this clone's code (-I: whatever
     # PYTHONPATH says, where does the environment itself find poller?).

@@ -5,7 +5,8 @@ images, but these machines reach no image registry, only Debian's archive,
 PyPI and the Go module proxy. So the bases are made here: a Python base from
 bookworm's packages with ``mmdebstrap``, a busybox base from the host's
 busybox-static, and the pod sandbox's pause image from
-``deploy/sandbox/node/pause.c`` compiled with ``gcc -static``. The
+``deploy/sandbox/node/pause.c`` compiled with ``gcc -static``; like the
+Python base, a git image for the init containers that clone task sources. The
 Dockerfile's three targets are built on those bases (its ``PYTHON_BASE`` and
 ``BUSYBOX_BASE`` build arguments) with ``buildah bud --isolation chroot
 --layers``. RUN steps reach PyPI through the host's CA bundle and a pip.conf,
@@ -43,7 +44,15 @@ from typing import IO
 
 from poller.sandbox.build import _locked, cache_root
 
-__all__ = ["IMAGE_NAMES", "Image", "ImageBuildError", "ImageSet", "cached", "ensure_images"]
+__all__ = [
+    "IMAGE_NAMES",
+    "Image",
+    "ImageBuildError",
+    "ImageSet",
+    "cached",
+    "ensure_images",
+    "stale_sets",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
@@ -52,9 +61,9 @@ PAUSE_SOURCE = REPO_ROOT / "deploy" / "sandbox" / "node" / "pause.c"
 MODEL_SERVER_SOURCE = Path(__file__).resolve().with_name("model_server.py")
 MODEL_SERVER_PATH = "/opt/lmeval-model-server/model_server.py"  # in its image
 
-FORMAT = 3  # bump when this module changes what it builds
+FORMAT = 4  # bump when this module changes what it builds
 TAG = "dev"
-IMAGE_NAMES = ("poller", "job", "driver", "pause", "plain", "model_server")
+IMAGE_NAMES = ("poller", "job", "driver", "pause", "plain", "model_server", "git")
 REFS = {
     "poller": f"lmeval-poller/lmeval-poller:{TAG}",
     "job": f"lmeval-poller/lmeval-job:{TAG}",
@@ -67,6 +76,10 @@ REFS = {
     # (poller/sandbox/model_server.py, standard library only) on the Python
     # base, the job pods' sidecar in tests/node and `run --node real`.
     "model_server": f"lmeval-poller/model-server:{TAG}",
+    # Not a Dockerfile target: git alone (Debian's package), the image of the
+    # init containers that clone spec.customTasks[].git (setting git-image)
+    # in tests/node; clusters use any git image (default alpine/git).
+    "git": f"lmeval-poller/git:{TAG}",
 }
 PYTHON_BASE = "localhost/lmeval-base/python:3.11-bookworm"
 BUSYBOX_BASE = "localhost/lmeval-base/busybox:bookworm"
@@ -81,6 +94,7 @@ MIRRORS = (
 # Besides Python, what python:3.11-slim has too and wheels assume: manylinux
 # wheels (numpy's) link the system's libstdc++; netbase; tzdata.
 PYTHON_PACKAGES = "python3,python3-venv,python-is-python3,ca-certificates,libstdc++6,netbase,tzdata"
+GIT_PACKAGES = "git,ca-certificates"
 # The essential variant has no apt; the merged-usr hook avoids usrmerge, which pulls perl.
 MMDEBSTRAP_OPTIONS = (
     "--variant=essential",
@@ -94,6 +108,7 @@ BUSYBOX = Path("/bin/busybox")
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BASE_LABEL = "io.github.lmeval-poller.base-key"
+KEEP_OTHER_SETS = 1  # image sets of other keys kept after a build (see _prune)
 
 
 class ImageBuildError(RuntimeError):
@@ -113,7 +128,7 @@ class Image:
 
 @dataclass(frozen=True)
 class ImageSet:
-    """The six images of one key, and what building them cost (cold)."""
+    """The seven images of one key, and what building them cost (cold)."""
 
     directory: Path
     key: str
@@ -123,10 +138,19 @@ class ImageSet:
     pause: Image
     plain: Image
     model_server: Image
+    git: Image
     build_seconds: dict[str, float]
 
     def all(self) -> tuple[Image, ...]:
-        return (self.poller, self.job, self.driver, self.pause, self.plain, self.model_server)
+        return (
+            self.poller,
+            self.job,
+            self.driver,
+            self.pause,
+            self.plain,
+            self.model_server,
+            self.git,
+        )
 
 
 # -- the keys ------------------------------------------------------------------------------
@@ -188,7 +212,15 @@ def base_key() -> str:
         tools = subprocess.run(query, capture_output=True, text=True).stdout
     except FileNotFoundError:
         tools = "no dpkg-query"
-    recipe = [str(FORMAT), SUITE, *MIRRORS, PYTHON_PACKAGES, *MMDEBSTRAP_OPTIONS, tools]
+    recipe = [
+        str(FORMAT),
+        SUITE,
+        *MIRRORS,
+        PYTHON_PACKAGES,
+        GIT_PACKAGES,
+        *MMDEBSTRAP_OPTIONS,
+        tools,
+    ]
     return _hash([("recipe", "\n".join([*recipe, PYTHON_BASE, BUSYBOX_BASE]).encode())])
 
 
@@ -246,9 +278,32 @@ def ensure_images() -> ImageSet:
             raise
         shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover
         staging.rename(target)
+        _prune(target)
     built = _load(target)
     assert built is not None, f"{target} lacks images.json"
     return built
+
+
+def stale_sets(root: Path, current: Path, keep: int = KEEP_OTHER_SETS) -> list[Path]:
+    """Image-set directories under `root` to remove once `current` is built: all
+    but `current` and the `keep` newest others (by mtime; a build's staging
+    leftovers count as sets), with nothing else touched."""
+    others = [p for p in root.glob("images-*") if p.is_dir() and p != current]
+    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    return others[keep:]
+
+
+def _prune(current: Path) -> None:
+    """Drop what earlier keys left: every code change makes a new set (0.65 GB of
+    archives) and leaves its predecessors' images untagged in buildah's storage
+    (about 1 GB), which nothing else removes; on a shared disk the real node's
+    kubelet then reports DiskPressure and refuses pods. The newest other set
+    stays, for switching back to one other checkout without a rebuild."""
+    for stale in stale_sets(current.parent, current):
+        shutil.rmtree(stale, ignore_errors=True)
+        stale.with_name(f"{stale.name}.build.log").unlink(missing_ok=True)
+    # Untagged images only: the bases and the current images keep their tags.
+    subprocess.run(["buildah", "rmi", "--prune"], capture_output=True)
 
 
 # -- building ------------------------------------------------------------------------------
@@ -302,12 +357,20 @@ def _tar(out: Path, entries: list[tuple[str, bytes | str | None, int]]) -> None:
             tar.addfile(info, io.BytesIO(content) if isinstance(content, bytes) else None)
 
 
+def _debian_image(work: Path, log: Path, ref: str, packages: str, config: list[str]) -> None:
+    """Image `ref` of bookworm's `packages` alone (mmdebstrap), unless buildah holds
+    one made from the current recipe (its label)."""
+    if _current(ref):
+        return
+    rootfs = work / f"{ref.rsplit('/', 1)[-1].replace(':', '-')}-rootfs.tar"
+    options = [*MMDEBSTRAP_OPTIONS, f"--include={packages}"]
+    _run(["mmdebstrap", *options, SUITE, str(rootfs), *MIRRORS], log)
+    _import(rootfs, ref, config, log)
+
+
 def _python_base(work: Path, log: Path) -> None:
-    if not _current(PYTHON_BASE):
-        rootfs = work / "python-rootfs.tar"
-        options = [*MMDEBSTRAP_OPTIONS, f"--include={PYTHON_PACKAGES}"]
-        _run(["mmdebstrap", *options, SUITE, str(rootfs), *MIRRORS], log)
-        _import(rootfs, PYTHON_BASE, ["--env", PATH_ENV, "--env", "LANG=C.UTF-8"], log)
+    config = ["--env", PATH_ENV, "--env", "LANG=C.UTF-8"]
+    _debian_image(work, log, PYTHON_BASE, PYTHON_PACKAGES, config)
 
 
 def _busybox_base(work: Path, log: Path) -> None:
@@ -405,6 +468,12 @@ def _model_server(_: Path, log: Path) -> None:
         subprocess.run(["buildah", "rm", container], capture_output=True)
 
 
+def _git(work: Path, log: Path) -> None:
+    """Debian's git on its own root filesystem."""
+    config = ["--env", PATH_ENV, "--user", "65532:65532", "--entrypoint", '["git"]', "--cmd", "[]"]
+    _debian_image(work, log, f"localhost/{REFS['git']}", GIT_PACKAGES, config)
+
+
 def _uncompressed_size(archive: Path) -> int:
     """The image's layers, uncompressed, read from its OCI archive."""
     with tarfile.open(archive) as tar:
@@ -432,7 +501,7 @@ def _build(key: str, directory: Path, log: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="lmeval-images-") as tmp:
         work = Path(tmp)
         steps = {"python-base": _python_base, "busybox-base": _busybox_base, "pause": _pause}
-        derived = {"plain": _plain, "model_server": _model_server}
+        derived = {"plain": _plain, "model_server": _model_server, "git": _git}
         for step in [*steps, "job", "poller", "driver", *derived]:
             print(f"  {step} ...", file=sys.stderr)
             started = time.monotonic()

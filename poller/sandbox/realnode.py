@@ -198,6 +198,17 @@ class RealNode:
             if result.returncode != 0:
                 raise RealNodeError(f"pulling {name} failed: {result.stderr.strip()}")
 
+    def runtime_spec(self, container_id: str) -> dict[str, Any]:
+        """The OCI runtime spec containerd ran a container with (a pod status's
+        ``containerID``, ``containerd://`` prefix or not): the mounts, user,
+        capabilities and flags the kubelet actually asked for."""
+        name = container_id.removeprefix("containerd://")
+        result = self._ctr("containers", "info", name)
+        if result.returncode != 0:
+            raise RealNodeError(f"container {name}: {result.stderr.strip()}")
+        spec: dict[str, Any] = json.loads(result.stdout)["Spec"]
+        return spec
+
     def leftovers(self) -> list[str]:
         """What a stopped node left on the machine: empty after a clean `stop`."""
         return nodecleanup.leftovers([self.workdir, self.containerd_root], self.socket, BRIDGE)

@@ -66,12 +66,17 @@ def ensure_versitygw() -> Path:
 
 
 class S3Server:
-    """versitygw on 127.0.0.1 serving directory `root` (a folder per bucket)."""
+    """versitygw on `host` (127.0.0.1; the real node's pods reach its bridge
+    address) serving directory `root` (a folder per bucket)."""
 
     def __init__(
-        self, root: Path, access_key: str = "lmeval", secret_key: str | None = None
+        self,
+        root: Path,
+        access_key: str = "lmeval",
+        secret_key: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
-        self.root = root
+        self.root, self.host = root, host
         self.access_key = access_key
         self.secret_key = secret_key or secrets.token_hex(16)
         self.port = 0
@@ -80,7 +85,7 @@ class S3Server:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def bucket(self, name: str) -> Path:
         """The directory of bucket `name` (created)."""
@@ -99,7 +104,7 @@ class S3Server:
         }
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(binary), "--port", f"127.0.0.1:{self.port}", "posix", str(self.root)],
+                [str(binary), "--port", f"{self.host}:{self.port}", "posix", str(self.root)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -118,7 +123,7 @@ class S3Server:
 
     def _listening(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            with socket.create_connection((self.host, self.port), timeout=1):
                 return True
         except OSError:
             return False

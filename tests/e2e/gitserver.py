@@ -53,21 +53,21 @@ def free_port() -> int:
         return port
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 class GitDaemon:
-    """``git daemon`` serving every repository under `root` on 127.0.0.1."""
+    """``git daemon`` serving every repository under `root` on `host` (127.0.0.1)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, host: str = "127.0.0.1") -> None:
+        self.root, self.host = root, host
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url(self, repo: str) -> str:
-        return f"git://127.0.0.1:{self.port}/{repo}"
+        return f"git://{self.host}:{self.port}/{repo}"
 
     def __enter__(self) -> GitDaemon:
         self.proc = subprocess.Popen(
@@ -76,7 +76,7 @@ class GitDaemon:
                 "daemon",
                 "--reuseaddr",
                 "--export-all",
-                "--listen=127.0.0.1",
+                f"--listen={self.host}",
                 f"--port={self.port}",
                 f"--base-path={self.root}",
                 str(self.root),
@@ -84,7 +84,7 @@ class GitDaemon:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_for(lambda: _listening(self.port), timeout=20, what="git daemon listening")
+        wait_for(lambda: _listening(self.port, self.host), timeout=20, what="git daemon listening")
         return self
 
     def __exit__(self, *exc: object) -> None:

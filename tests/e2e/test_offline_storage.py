@@ -30,7 +30,7 @@ from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
-from tests.hubcache import ARC_ROWS, tree_state, write_arc_easy
+from tests.hubcache import ARC_ROWS, static_claim_manifests, tree_state, write_arc_easy
 from tests.poller_fixtures import Jobs, cycle_until
 from tests.waiting import wait_for
 
@@ -42,36 +42,9 @@ LMEVAL_TIMEOUT = 240.0
 def static_claim(admin_api: client.ApiClient, namespace: str, name: str, path: Path) -> None:
     """A hostPath PV at `path`, pre-bound to claim `namespace/name`, and the claim."""
     core = client.CoreV1Api(admin_api)
-    volume_name = f"{namespace}-{name}"
-    core.create_persistent_volume(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": volume_name},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(path), "type": "Directory"},
-                "claimRef": {"namespace": namespace, "name": name},
-            },
-        }
-    )
-    core.create_namespaced_persistent_volume_claim(
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": volume_name,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
+    volume, pvc = static_claim_manifests(namespace, name, path)
+    core.create_persistent_volume(volume)
+    core.create_namespaced_persistent_volume_claim(namespace, pvc)
 
     def bound() -> bool:
         claim = core.read_namespaced_persistent_volume_claim(name, namespace)

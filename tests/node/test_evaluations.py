@@ -16,11 +16,15 @@ run by a kubelet on containerd and runc from the job image:
 - each job's ``status.provenance`` names the image digest the kubelet ran
   (containerd's ``imageID``) and the versions of the run;
 - a log larger than ``containerLogMaxSize`` is rotated by the kubelet and the
-  job still gets its results (the markers come after the rotation).
+  job still gets its results (the markers come after the rotation); a
+  rotation between the driver's last markers and the container's end, the
+  one loss log mode cannot avoid, is told apart (the rotated file holds the
+  completed marker, the current one does not) and excused once.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -28,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from driver.contract import EVENT_COMPLETED
+from driver.protocol import MARKER_PREFIX
 from tests.node.conftest import (
     CONTAINER_LOG_MAX_SIZE,
     NODE_NAME,
@@ -113,16 +119,44 @@ def test_driver_image_runs_in_a_plain_lm_eval_image(
         assert pod["spec"]["containers"][0]["image"] == node_cluster.image_refs["plain"]
 
 
+def _completed_marker_in(log_dir: Path) -> list[str]:
+    """The container log files (current and rotated, gzip'd or not) that hold the
+    driver's completed marker."""
+    found = []
+    for path in sorted(log_dir.iterdir()):
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode(errors="replace")
+        if any(MARKER_PREFIX in line and EVENT_COMPLETED in line for line in text.splitlines()):
+            found.append(path.name)
+    return found
+
+
+def _rotated_run(cluster: NodeCluster, namespace: str, name: str) -> tuple[dict[str, Any], Path]:
+    configmap, job = served_job(cluster, name, delay="0.3")
+    cluster.apply(configmap, job, namespace=namespace)
+    status = cluster.wait_final(namespace, name)
+    (pod_dir,) = Path(cluster.node.pod_logs).glob(f"{namespace}_{name}-*")
+    return status, pod_dir / "lmeval"
+
+
 def test_rotated_log_still_yields_results(node_cluster: NodeCluster, job_namespace: str) -> None:
     # A slow model server keeps the evaluation running across several of the
     # kubelet's log checks (every 3 s) while its log outgrows a tiny maximum.
     node_cluster.node.restart_kubelet(container_log_max_size=ROTATE_AT)
     try:
-        configmap, job = served_job(node_cluster, "rotated", delay="0.3")
-        node_cluster.apply(configmap, job, namespace=job_namespace)
-        status = node_cluster.wait_final(job_namespace, "rotated")
-        pod_dirs = list(Path(node_cluster.node.pod_logs).glob(f"{job_namespace}_rotated-*"))
-        logs = sorted(p.name for d in pod_dirs for p in (d / "lmeval").iterdir())
+        status, log_dir = _rotated_run(node_cluster, job_namespace, "rotated")
+        if status["reason"] != "Succeeded":
+            # The one loss log mode cannot avoid (README, "Results from the
+            # log"): the kubelet rotated the log after the driver's last
+            # markers and before the container ended, so the current file,
+            # all `kubectl logs` serves, holds none of them. Only that is
+            # excused, and only once: the rotated files must hold the
+            # completed marker, the current one must not.
+            assert "no results markers in the log" in status.get("message", ""), status
+            holding = _completed_marker_in(log_dir)
+            assert holding and "0.log" not in holding, holding
+            status, log_dir = _rotated_run(node_cluster, job_namespace, "rotated-again")
+        logs = sorted(p.name for p in log_dir.iterdir())
     finally:
         node_cluster.node.restart_kubelet(container_log_max_size=CONTAINER_LOG_MAX_SIZE)
     _assert_succeeded(status, {"sample_arith_mc", "sample_arith_gen"})
