@@ -1,8 +1,8 @@
 """Command line of the in-pod driver: ``lmeval-driver`` and ``python -m driver``.
 
 Why this module exists: it is the container's entry point, so it must start
-lm_eval quickly (only ``argparse`` and the light :mod:`driver.run` are
-imported before the child starts) and it must report its own usage errors
+lm_eval quickly (only ``argparse`` and the light :mod:`driver.run` and
+:mod:`driver.prepare` are imported before the child starts) and it must report its own usage errors
 the way it reports everything else, as a ``failed`` marker with exit code
 ``EXIT_DRIVER_ERROR``, because the poller only sees the log and the exit code.
 
@@ -46,7 +46,8 @@ from driver.contract import (
     OPT_RUN_ID,
     OPT_TASK_SOURCES,
 )
-from driver.run import DEFAULT_OUTPUT_ROOT, Run, RunOptions, release
+from driver.prepare import DEFAULT_OUTPUT_ROOT, RunOptions
+from driver.run import Run, release
 
 USAGE = (
     f"{DRIVER_PROGRAM} [options] {END_OF_OPTIONS} <lm_eval command...>\n"
@@ -105,6 +106,15 @@ def _run_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"{DRIVER_PROGRAM} {__version__}")
+    # The order of these calls is the order of the options in --help.
+    _add_run_options(parser)
+    _add_source_options(parser)
+    _add_oci_options(parser)
+    return parser
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Where the run writes, how often it reports, how it ends."""
     parser.add_argument(
         OPT_OUTPUT_ROOT,
         default=_default_root(),
@@ -147,6 +157,10 @@ def _run_parser() -> argparse.ArgumentParser:
         help="exec mode: after the final marker stay alive up to S seconds, or until "
         f"'{DRIVER_PROGRAM} {CMD_RELEASE}' (default: %(default)s)",
     )
+
+
+def _add_source_options(parser: argparse.ArgumentParser) -> None:
+    """lm_eval's inputs the driver reports (task sources' commits) or lays out (Hub datasets)."""
     parser.add_argument(
         OPT_TASK_SOURCES,
         metavar="DIR",
@@ -160,6 +174,10 @@ def _run_parser() -> argparse.ArgumentParser:
         "dataset ORG/NAME is a symlink to its snapshot, so that offline runs load Hub "
         "datasets from the cache",
     )
+
+
+def _add_oci_options(parser: argparse.ArgumentParser) -> None:
+    """Publishing the results as an OCI artifact after a completed run."""
     parser.add_argument(
         OPT_OCI_PUSH,
         metavar="REF",
@@ -180,7 +198,6 @@ def _run_parser() -> argparse.ArgumentParser:
         default="https",
         help="http only for a loopback registry (default: %(default)s)",
     )
-    return parser
 
 
 def _decode(argv: Sequence[str]) -> int:

@@ -6,6 +6,9 @@ reports ``started``/``progress``, turns the child's fate into exactly one
 final marker and a meaningful exit code (see :mod:`driver.protocol`), turns
 SIGTERM/SIGINT into a bounded, orderly cancellation, and implements the exec
 hold that keeps the container alive until the poller has copied the results.
+What must be ready before the child starts (the checks of the command line,
+the run directory, the log copy, the child's trust bundle, task sources and
+datasets view) is :mod:`driver.prepare`'s.
 
 Import discipline: everything that is not needed to start the child
 (``dataclasses`` via the protocol and progress modules, ``json``, hashing)
@@ -18,18 +21,15 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, BinaryIO, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 from driver import __version__
-from driver.argv import find_output_path_flag, new_run_id, valid_run_id
+from driver.argv import new_run_id
 from driver.child import Child, Pump, Sink
 from driver.contract import (
     CMD_RELEASE,
     DRIVER_PROGRAM,
-    END_OF_OPTIONS,
-    ENV_CA_BUNDLE,
     EVENT_CANCELLED,
     EVENT_COMPLETED,
     EVENT_FAILED,
@@ -37,9 +37,8 @@ from driver.contract import (
     EXIT_DRIVER_ERROR,
     EXIT_NO_RESULTS,
     EXIT_OK,
-    OPT_OUTPUT_ROOT,
 )
-from driver.provenance import read_task_sources
+from driver.prepare import Preparation, RunOptions
 
 if TYPE_CHECKING:  # the protocol module is imported once the child runs
     from driver.protocol import (
@@ -47,10 +46,10 @@ if TYPE_CHECKING:  # the protocol module is imported once the child runs
         FinalEvent,
         FinalFields,
         StartedFields,
-        TaskSourceFields,
     )
 
-DEFAULT_OUTPUT_ROOT = "/tmp/lmeval-output"  # noqa: S108 - an emptyDir in the pod
+__all__ = ["RELEASE_FILE", "RESULTS_COPY", "Run", "find_results", "release", "release_path"]
+
 RELEASE_FILE = ".release"
 RESULTS_COPY = "results.json"
 # How long to wait for the pipes to close once the child's group is dead. A
@@ -64,40 +63,6 @@ TLS_FAILURE = (
 # Tick of the main loop while waiting for the child or the hold; signals do
 # their work in the handler, so this only bounds deadline checks.
 TICK = 0.1
-
-
-class RunOptions:
-    """The driver's options for one run (parsed by ``driver.__main__``)."""
-
-    def __init__(
-        self,
-        child_argv: Sequence[str],
-        output_root: str = DEFAULT_OUTPUT_ROOT,
-        progress_interval: float = 5.0,
-        grace_period: float = 20.0,
-        log_copy: str | None = None,
-        hold_seconds: float = 0.0,
-        run_id: str | None = None,
-        task_sources: str | None = None,
-        hub_datasets: str | None = None,
-        oci_push: str | None = None,
-        oci_subject: str | None = None,
-        oci_auth: str | None = None,
-        oci_plain_http: bool = False,
-    ) -> None:
-        self.child_argv = list(child_argv)
-        self.output_root = output_root
-        self.progress_interval = progress_interval
-        self.grace_period = grace_period
-        self.log_copy = log_copy
-        self.hold_seconds = hold_seconds
-        self.run_id = run_id
-        self.task_sources = task_sources
-        self.hub_datasets = hub_datasets
-        self.oci_push = oci_push
-        self.oci_subject = oci_subject
-        self.oci_auth = oci_auth
-        self.oci_plain_http = oci_plain_http
 
 
 class _Cancel:
@@ -171,14 +136,14 @@ class Run:
         self.run_id = opts.run_id or new_run_id()
         # Absolute: the path travels in markers to readers with another cwd.
         self.run_dir = os.path.abspath(os.path.join(opts.output_root, f"run-{self.run_id}"))
-        self._log_copy: BinaryIO | None = None
-        self.sink = Sink(stdout_fd, stderr_fd)
-        self._stdout_fd, self._stderr_fd = stdout_fd, stderr_fd
+        self.prep = Preparation(opts, self.run_id, self.run_dir, stdout_fd, stderr_fd)
         self.final_code: int | None = None  # set once the final marker is out
-        self.child_env: dict[str, str] | None = None  # None: the driver's own
-        self.task_sources: list[TaskSourceFields] | None = None  # with --task-sources
-        self.child_cwd: str | None = None  # --hub-datasets: the view of the cache
         self._models: str | None = None  # what the model server lists; "" when unknown
+
+    @property
+    def sink(self) -> Sink:
+        """Where markers and notes go; the preparation adds the log copy to it."""
+        return self.prep.sink
 
     # -- markers -------------------------------------------------------------
 
@@ -203,8 +168,8 @@ class Run:
             **details,
             **self._provenance(event),
         }
-        if self.task_sources is not None:
-            fields["task_sources"] = self.task_sources
+        if self.prep.task_sources is not None:
+            fields["task_sources"] = self.prep.task_sources
         self.sink.marker(encode_final(event, fields))
         self.final_code = exit_code
         if event != EVENT_COMPLETED:
@@ -225,7 +190,7 @@ class Run:
             from driver.provenance import server_models
 
             self._models = server_models(
-                self.opts.child_argv, self.child_env or os.environ, self.sink
+                self.opts.child_argv, self.prep.child_env or os.environ, self.sink
             )
         return self._models or None
 
@@ -241,15 +206,15 @@ class Run:
         }
         child: Child | None = None
         try:
-            error = self._prepare()
+            error = self.prep.prepare()
             if error is not None:
                 return self.driver_error(error)
             if self.cancel.signum is not None:
                 return self._cancelled(None)
             child = Child(
                 [*self.opts.child_argv, "--output_path", self.run_dir],
-                env=self.child_env,
-                cwd=self.child_cwd,
+                env=self.prep.child_env,
+                cwd=self.prep.child_cwd,
             )
             try:
                 child.start()
@@ -271,78 +236,11 @@ class Run:
         finally:
             if child is not None:
                 child.cleanup()
-            if self.child_cwd is not None:
-                import shutil
-
-                shutil.rmtree(self.child_cwd, ignore_errors=True)  # symlinks only
+            self.prep.remove_view()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            if self._log_copy is not None:
-                self._log_copy.close()
-
-    def _prepare(self) -> str | None:
-        """Check the command line and create the run directory."""
-        argv = self.opts.child_argv
-        if not argv:
-            return (
-                f"no lm_eval command given (expected: {DRIVER_PROGRAM} [options] "
-                f"{END_OF_OPTIONS} <command>)"
-            )
-        token = find_output_path_flag(argv[1:])
-        if token is not None:
-            return (
-                f"the command sets the output path ({token!r}); the driver owns it "
-                f"({OPT_OUTPUT_ROOT}, per-run directory run-<id>): remove it"
-            )
-        if not valid_run_id(self.run_id):
-            return f"invalid run id {self.run_id!r}"
-        if self.opts.task_sources is not None:
-            sources = read_task_sources(self.opts.task_sources)
-            if isinstance(sources, str):
-                return sources
-            self.task_sources = sources
-        try:
-            os.makedirs(self.opts.output_root, exist_ok=True)
-            os.mkdir(self.run_dir)
-        except FileExistsError:
-            return f"run directory {self.run_dir} already exists (run ids must be unique)"
-        except OSError as exc:
-            return f"cannot create run directory {self.run_dir}: {exc}"
-        if self.opts.log_copy:
-            try:
-                parent = os.path.dirname(os.path.abspath(self.opts.log_copy))
-                os.makedirs(parent, exist_ok=True)
-                self._log_copy = open(self.opts.log_copy, "ab")  # noqa: SIM115 - closed in execute
-            except OSError as exc:
-                return f"cannot open log copy {self.opts.log_copy}: {exc}"
-            self.sink = Sink(self._stdout_fd, self._stderr_fd, self._log_copy)
-        extra_ca = os.environ.get(ENV_CA_BUNDLE)
-        if extra_ca:
-            from driver import trust
-
-            temp = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - an emptyDir in the pod
-            bundle, problem = trust.combined_bundle(extra_ca, temp, self.run_id)
-            if bundle is None:
-                return problem
-            self.child_env = trust.child_env(bundle)
-        if self.opts.hub_datasets:
-            return self._hub_view(self.opts.hub_datasets)
-        return None
-
-    def _hub_view(self, hub_cache: str) -> str | None:
-        """lm_eval's working directory: the hub cache's datasets as ORG/NAME."""
-        import tempfile
-
-        from driver.hubview import build_view
-
-        try:
-            self.child_cwd = tempfile.mkdtemp(prefix="lmeval-hub-datasets-")
-            exposed = build_view(hub_cache, self.child_cwd)
-        except OSError as exc:
-            return f"cannot expose the datasets of {hub_cache}: {exc}"
-        shown = ", ".join(exposed[:20]) + (", ..." if len(exposed) > 20 else "")
-        self.sink.note(f"{len(exposed)} dataset(s) of {hub_cache} exposed: {shown or 'none'}")
-        return None
+            if self.prep.log_copy is not None:
+                self.prep.log_copy.close()
 
     def _supervise(self, child: Child) -> int:
         # Only now, with the child running, pay for the heavier imports.
@@ -363,8 +261,8 @@ class Run:
             "grace_period": self.opts.grace_period,
             "hold_seconds": self.opts.hold_seconds,
         }
-        if self.task_sources is not None:
-            started["task_sources"] = self.task_sources
+        if self.prep.task_sources is not None:
+            started["task_sources"] = self.prep.task_sources
         self.sink.marker(encode_started(started))
         self.started_fields = started
 

@@ -15,24 +15,25 @@ pod behind the user's back: a vanished or evicted pod ends the job Failed;
 only an explicit resume starts a fresh pod. Whenever it deletes a pod that
 ran, it first asks for the log tail to be archived. A pod under the job's
 pod name is first judged (`poller.ownership`): one the poller did not make
-ends the job and is never touched. Reading a finished evaluation's outcome
-is `poller.outcome`. It does no I/O and imports nothing from `kubernetes`.
+ends the job and is never touched. Which branch an observation takes is
+`poller.routing` (shared with `what_to_observe`); how a job gets its pod
+(made from its spec, adopted, or queued for a slot) is `poller.scheduling`;
+reading a finished evaluation's outcome is `poller.outcome`. What stays here
+is what each branch does once routed: the dispatch, the running job, its
+stops (cancel, suspend, deadline, eviction, a pod that never starts), the
+retention of a finished job, and Kueue's waits and finished workloads. It
+does no I/O and imports nothing from `kubernetes`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from enum import Enum
-from typing import Any
-
-from pydantic import ValidationError
 
 from poller import api, kueuegate, outcome, podgit, podspec
 from poller import gate as regression
 from poller.actions import (
     Action,
     ArchiveLog,
-    CreatePod,
     CreateWorkload,
     Decision,
     DeleteJob,
@@ -47,27 +48,18 @@ from poller.actions import (
 )
 from poller.draft import StatusDraft
 from poller.gate import GateView
-from poller.kueuegate import Gate, KueueView
-from poller.ownership import PodTrust, foreign_pod_message, judge_pod
+from poller.kueuegate import KueueView
+from poller.ownership import foreign_pod_message, judge_pod
+from poller.routing import Step, deadline_exceeded, route, submitted_for
+from poller.scheduling import adopt, decide_failure, job_pod, queued, schedule
 from poller.settings import Settings
-from poller.timefmt import parse_time
+from poller.timefmt import seconds_between
 from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 
-__all__ = [
-    "EXACT_QUEUE_POSITIONS",
-    "PROGRESS_TAIL_LINES",
-    "Step",
-    "decide",
-    "decide_failure",
-    "queue_message",
-    "route",
-    "what_to_observe",
-]
+__all__ = ["PROGRESS_TAIL_LINES", "decide", "what_to_observe"]
 
 # Progress markers are rate-limited by the driver; the newest is near the end.
 PROGRESS_TAIL_LINES = 60
-# Queued jobs whose status names their exact place (see queue_message).
-EXACT_QUEUE_POSITIONS = 10
 # Waiting reasons that only resolve when someone acts; they still fail only
 # after pod-pending-timeout, but their words are what the message quotes.
 _WAITING_CAUSES = (
@@ -84,21 +76,6 @@ S = api.JobState
 R = api.JobReason
 
 
-def decide_failure(
-    job: JobView, now: dt.datetime, message: str, cause: str | None = None
-) -> Decision:
-    """End `job` Failed with `message` (e.g. its pod was refused). Pure."""
-    draft = StatusDraft(job, now)
-    draft.finish(R.FAILED, message, cause)
-    return Decision(draft.actions())
-
-
-def _validation_message(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    return f"invalid spec: spec.{where}: {first['msg']} ({error.error_count()} problem(s))"
-
-
 def _remove_pod(pod: PodView | None, settings: Settings) -> list[Action]:
     """Archive the log of a pod that ran, then delete it."""
     if pod is None or pod.deleting:
@@ -108,127 +85,6 @@ def _remove_pod(pod: PodView | None, settings: Settings) -> list[Action]:
         actions.append(ArchiveLog(pod.name, podspec.MAIN_CONTAINER, settings.log_archive_bytes))
     actions.append(DeletePod(pod.name))
     return actions
-
-
-def _seconds_between(start: str | None, end: dt.datetime) -> float:
-    begun = parse_time(start)
-    return (end - begun).total_seconds() if begun else 0.0
-
-
-def _job_pod(
-    job: JobView, settings: Settings, now: dt.datetime, run_as_user: int | None
-) -> tuple[api.LMEvalJobSpec, dict[str, Any]] | Decision:
-    """The job's spec and pod manifest; or the decision that fails a job that has none."""
-    try:
-        spec = api.LMEvalJobSpec.model_validate(job.spec)
-    except ValidationError as error:
-        return decide_failure(job, now, _validation_message(error))
-    try:
-        manifest = podspec.build_pod(
-            name=job.name,
-            namespace=job.namespace,
-            uid=job.uid,
-            spec=spec,
-            settings=settings,
-            run_as_user=run_as_user,
-        )
-    except podspec.JobPodError as error:
-        return decide_failure(job, now, str(error))
-    return spec, manifest
-
-
-def _schedule(
-    job: JobView,
-    settings: Settings,
-    now: dt.datetime,
-    run_as_user: int | None,
-    kueue: KueueView | None = None,
-) -> Decision:
-    made = _job_pod(job, settings, now, run_as_user)
-    if isinstance(made, Decision):
-        return made
-    spec, manifest = made
-    admitted_by = None
-    if kueue is not None and kueue.workload is not None:
-        manifest = kueuegate.place(manifest, kueue.flavors or ())
-        admitted_by = f"admitted by Kueue (ClusterQueue {kueue.workload.cluster_queue})"
-    attempt = (job.status.pod_attempt or 0) + 1
-    draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec, admitted_by)
-    # The pod's UID is added by the actuator from the create response.
-    draft.fields.update(pod_attempt=attempt, pod_uid=None)
-    claim = podspec.managed_claim(job.name, job.namespace, job.uid, spec)
-    return Decision([CreatePod(manifest, attempt, claim), *draft.actions()])
-
-
-def _scheduled_draft(
-    job: JobView,
-    now: dt.datetime,
-    name: str,
-    spec: api.LMEvalJobSpec | None,
-    admitted_by: str | None = None,
-) -> StatusDraft:
-    """The status of a job whose pod `name` was just created (or adopted);
-    `admitted_by` says so when Kueue admitted it."""
-    draft = StatusDraft(job, now)
-    resumed = job.status.state == S.SUSPENDED
-    if resumed:
-        paused = _seconds_between(job.status.suspend_time, now)
-        draft.fields["suspended_seconds"] = int((job.status.suspended_seconds or 0) + paused)
-        draft.fields.pop("suspend_time", None)
-        if admitted_by is not None:
-            draft.condition(C.SUSPENDED, False, "Admitted", admitted_by)
-        else:
-            draft.condition(C.SUSPENDED, False, "Resumed", "spec.suspend is false")
-        draft.condition(C.RUNNING, False, "Resumed", "a fresh pod was created")
-    draft.state(
-        S.SCHEDULED, R.NO_REASON, f"pod {name} created", event="Resumed" if resumed else None
-    )
-    draft.fields.update(pod_name=name, last_schedule_time=draft.now)
-    draft.fields.setdefault("start_time", draft.now)
-    if spec is not None and (outputs := podspec.outputs_location(spec, job.name, job.uid)):
-        draft.fields["outputs"] = outputs
-    draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {name} created")
-    return draft
-
-
-def _adopt(job: JobView, pod: PodView, now: dt.datetime) -> Decision:
-    """Record a pod the poller made but had not recorded (it crashed, or lost a race)."""
-    if job.status.state in (None, S.NEW, S.SUSPENDED):
-        try:
-            spec: api.LMEvalJobSpec | None = api.LMEvalJobSpec.model_validate(job.spec)
-        except ValidationError:
-            spec = None  # only the outputs location is lost; the pod decides the rest
-        draft = _scheduled_draft(job, now, pod.name, spec)
-    else:
-        draft = StatusDraft(job, now)
-    draft.fields.update(pod_name=pod.name, pod_uid=pod.uid, pod_attempt=pod.proof_attempt)
-    return Decision(draft.actions())
-
-
-def queue_message(slot: QueueSlot) -> str:
-    """What a waiting job's status says of its place; it changes only near the head.
-
-    Every change is a status write, and each time the queue moves every job
-    behind the head moves too: exact places for all of a long queue would
-    rewrite every waiting job each time one starts. So only the first
-    `EXACT_QUEUE_POSITIONS` places are exact, and the total is left out.
-    """
-    if slot.position <= EXACT_QUEUE_POSITIONS:
-        place = f"position {slot.position}"
-    else:
-        place = f"more than {EXACT_QUEUE_POSITIONS} jobs ahead"
-    return f"waiting for a free slot: {place} (max-running-jobs: {slot.limit})"
-
-
-def _queued(job: JobView, slot: QueueSlot, now: dt.datetime) -> Decision:
-    draft = StatusDraft(job, now)
-    message = queue_message(slot)
-    if job.status.state is None:
-        draft.state(S.NEW, R.NO_REASON, message, event="Queued")
-    else:
-        draft.fields["message"] = message
-    draft.condition(C.SCHEDULED, False, "Queued", message)
-    return Decision(draft.actions())
 
 
 def _stop(
@@ -267,19 +123,6 @@ def _suspend(
     if any(c.type == C.RUNNING.value for c in draft.conditions):
         draft.condition(C.RUNNING, False, "Suspended", "the pod was deleted")
     return Decision(draft.actions(before=[*_remove_pod(pod, settings), *give_up]))
-
-
-def _deadline_exceeded(job: JobView, now: dt.datetime) -> str | None:
-    limit = job.active_deadline_seconds
-    if limit is None or job.status.start_time is None:
-        return None
-    active = _seconds_between(job.status.start_time, now) - (job.status.suspended_seconds or 0)
-    if active <= limit:
-        return None
-    return (
-        f"DeadlineExceeded: the job was active for {int(active)} s, longer than "
-        f"activeDeadlineSeconds={limit}"
-    )
 
 
 def _finish_workload(
@@ -323,7 +166,7 @@ def _kept(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
         ttl = settings.default_ttl_seconds_after_finished
     if ttl is None or job.status.complete_time is None:
         return Decision()
-    if _seconds_between(job.status.complete_time, now) < ttl:
+    if seconds_between(job.status.complete_time, now) < ttl:
         return Decision()
     return Decision([DeleteJob()])
 
@@ -355,7 +198,7 @@ def _waiting_init(pod: PodView) -> tuple[str, ContainerView] | None:
 
 def _pending(job: JobView, pod: PodView, settings: Settings, now: dt.datetime) -> Decision | None:
     """Fail a pod that has waited too long; None while it may still start."""
-    waited = _seconds_between(pod.created, now)
+    waited = seconds_between(pod.created, now)
     if waited <= settings.pod_pending_timeout:
         return None
     cause = _pending_cause(pod)
@@ -368,112 +211,6 @@ def _pending(job: JobView, pod: PodView, settings: Settings, now: dt.datetime) -
     elif pod.main.reason in _WAITING_CAUSES:
         reason = pod.main.reason
     return _stop(job, pod, settings, now, R.FAILED, message, cause=reason)
-
-
-class Step(Enum):
-    """Which branch of `decide` a job and its pod are in: the routing alone.
-
-    Shared by `decide` and `what_to_observe`, so that what is read before
-    deciding is exactly what the branch taken will use (and a pod the poller
-    did not make is never read).
-    """
-
-    NOTHING = "nothing"  # the job is being deleted, or its old pod still goes away
-    RETENTION = "retention"  # finished: only its TTL
-    UNREADABLE = "unreadable"
-    FOREIGN_POD = "foreign-pod"
-    ADOPT_POD = "adopt-pod"
-    CANCEL = "cancel"
-    SUSPEND = "suspend"
-    SCHEDULE = "schedule"  # make a pod
-    OVERDUE = "overdue"  # activeDeadlineSeconds passed
-    QUEUED = "queued"
-    POD_VANISHED = "pod-vanished"
-    EVICTED = "evicted"
-    FINISHED = "finished"  # the main container terminated
-    ENDED_EARLY = "ended-early"  # the pod ended before the main container ran
-    POD_DELETING = "pod-deleting"
-    STARTING = "starting"  # pending, or the container waits
-    RUNNING = "running"
-    # Under Kueue (`poller.kueuegate`); an admitted job without a pod is SCHEDULE.
-    KUEUE_SUBMIT = "kueue-submit"  # create the workload
-    KUEUE_RESUBMIT = "kueue-resubmit"  # the job changed while waiting: a new workload
-    KUEUE_WAIT = "kueue-wait"  # the workload waits for admission
-    KUEUE_RELEASE = "kueue-release"  # evicted, pod gone: give the quota back
-    KUEUE_STOP = "kueue-stop"  # the pod runs without an admission: delete it
-
-
-_GATED_STEPS = {
-    Gate.SUBMIT: Step.KUEUE_SUBMIT,
-    Gate.RESUBMIT: Step.KUEUE_RESUBMIT,
-    Gate.WAIT: Step.KUEUE_WAIT,
-    Gate.RELEASE: Step.KUEUE_RELEASE,
-    Gate.STOP: Step.KUEUE_STOP,
-    Gate.START: Step.SCHEDULE,
-}
-
-
-def route(
-    job: JobView,
-    pod: PodView | None,
-    now: dt.datetime,
-    queue: QueueSlot | None,
-    kueue: KueueView | None = None,
-) -> Step:
-    """The branch of `decide` for this observation (`kueue`: the job is under Kueue). Pure."""
-    if job.deleting:
-        return Step.NOTHING
-    state = job.status.state
-    if state == S.COMPLETE:
-        return Step.RETENTION
-    if job.problem is not None:
-        return Step.UNREADABLE
-    if pod is not None:
-        trust = judge_pod(job, pod)[0]
-        if trust is PodTrust.FOREIGN:
-            return Step.FOREIGN_POD
-        if trust is PodTrust.ADOPT:
-            return Step.ADOPT_POD
-    if job.cancel_requested:
-        return Step.CANCEL
-    if job.suspend_requested:
-        return Step.SUSPEND
-    if kueue is not None:
-        verdict = kueuegate.gate(
-            state=state,
-            pod_exists=pod is not None,
-            pod_deleting=pod is not None and pod.deleting,
-            pod_phase=pod.phase if pod is not None else "",
-            main_state=pod.main.state if pod is not None else "",
-            workload=kueue.workload,
-            wanted=_submitted_for(job),
-        )
-        if verdict in _GATED_STEPS:
-            return _GATED_STEPS[verdict]
-    if state == S.SUSPENDED:
-        # The old pod still going away: resume after.
-        return Step.NOTHING if pod is not None else Step.SCHEDULE
-    if _deadline_exceeded(job, now) is not None:
-        return Step.OVERDUE
-    if pod is None:
-        if state in (None, S.NEW):
-            return Step.QUEUED if queue is not None else Step.SCHEDULE
-        return Step.POD_VANISHED
-    return _pod_step(pod)
-
-
-def _pod_step(pod: PodView) -> Step:
-    if pod.phase == "Failed" and pod.reason == "Evicted":
-        return Step.EVICTED
-    if pod.main.state == "terminated":
-        return Step.FINISHED
-    if pod.phase in ("Failed", "Succeeded"):
-        return Step.ENDED_EARLY
-    if pod.deleting:
-        return Step.POD_DELETING
-    if pod.main.state != "running":
-        return Step.STARTING
-    return Step.RUNNING
 
 
 def what_to_observe(
@@ -578,12 +315,12 @@ def _decide(
     if step is Step.SUSPEND:
         return _suspend(job, pod, settings, now, kueue)
     if step is Step.SCHEDULE:
-        return _schedule(job, settings, now, run_as_user, kueue)
+        return schedule(job, settings, now, run_as_user, kueue)
     if step is Step.OVERDUE:
-        overdue = _deadline_exceeded(job, now) or ""
+        overdue = deadline_exceeded(job, now) or ""
         return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")
     if step is Step.QUEUED and queue is not None:
-        return _queued(job, queue, now)
+        return queued(job, queue, now)
     if pod is None:  # Step.POD_VANISHED
         pod_name = job.status.pod_name or "the job pod"
         return decide_failure(
@@ -607,7 +344,7 @@ def _decide_with_pod(
         why = judge_pod(job, pod)[1]
         return decide_failure(job, now, foreign_pod_message(pod, why), cause="ForeignPod")
     if step is Step.ADOPT_POD:
-        return _adopt(job, pod, now)
+        return adopt(job, pod, now)
     if step is Step.EVICTED:
         message = f"pod {pod.name} was evicted: {pod.message or 'no message'}"
         return _stop(job, pod, settings, now, R.FAILED, message, cause="Evicted")
@@ -659,10 +396,6 @@ def _running(
     return Decision([*draft.actions(before=before), *releases])
 
 
-def _submitted_for(job: JobView) -> str:
-    return kueuegate.submitted_for(job.generation, job.queue_name, job.priority_class)
-
-
 def _kueue_wait(
     job: JobView, workload: kueuegate.WorkloadView | None, now: dt.datetime, message: str = ""
 ) -> StatusDraft:
@@ -689,7 +422,7 @@ def _gated(
     """`decide` for the steps under Kueue's gate (`poller.kueuegate`)."""
     workload = kueue.workload
     if step is Step.KUEUE_SUBMIT:
-        made = _job_pod(job, settings, now, None)
+        made = job_pod(job, settings, now, None)
         if isinstance(made, Decision):
             return made
         priority = kueue.priority
@@ -706,7 +439,7 @@ def _gated(
             queue=job.queue_name,
             pod=made[1],
             priority=priority,
-            submitted=_submitted_for(job),
+            submitted=submitted_for(job),
         )
         return Decision([CreateWorkload(manifest), *_kueue_wait(job, None, now).actions()])
     if workload is not None and step is Step.KUEUE_RESUBMIT:

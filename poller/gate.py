@@ -181,10 +181,10 @@ def needs_items(job: JobView, view: GateView) -> bool:
     return not isinstance(_gate_spec(job), str) and _listed_outcome(job, view) is None
 
 
-def unpack_items(encoded: str, key: str = results.ITEMS_KEY) -> bytes:
-    """The driver's JSON from a binaryData value: base64, then gzip, at most
-    the decoder's byte limit (raises ValueError saying what is wrong)."""
-    return results.gunzip_base64(encoded, ITEM_SCORES_LIMITS.max_bytes, key)
+def unpack_items(encoded: str) -> bytes:
+    """The driver's JSON from the ITEMS_KEY binaryData value: base64, then gzip, at
+    most the decoder's byte limit (raises ValueError saying what is wrong)."""
+    return results.gunzip_base64(encoded, ITEM_SCORES_LIMITS.max_bytes, results.ITEMS_KEY)
 
 
 def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:
@@ -194,7 +194,7 @@ def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:
         return None
     try:
         if read.results_packed:
-            return parse_results_json(unpack_items(read.results, results.RESULTS_KEY + ".gz"))
+            return parse_results_json(results.packed_results_text(read.results))
         return parse_results_json(read.results)
     except ValueError:
         return None

@@ -1,11 +1,11 @@
 """LIST pages: parsed in one pass into what the views read, the next one prefetched.
 
-`poller.kube` requests the pages (it is the one module that talks to the
-API); this module is what it does with them, kept apart because it is the
-part that decides a cycle's memory: a page is parsed straight into the
-shape the views read (`poller.views.JobObject`, `PodObject`), skipping what
-no view reads (managedFields, pod specs), and dropped before the next is
-used. As soon as a page's continue token is known, the next page is
+`poller.kubereads` requests the pages (the reads of `poller.kube.Kube`, the
+one class that talks to the API); this module is what it does with them,
+kept apart because it is the part that decides a cycle's memory: a page is
+parsed straight into the shape the views read (`poller.views.JobObject`,
+`PodObject`), skipping what no view reads (managedFields, pod specs), and
+dropped before the next is used. As soon as a page's continue token is known, the next page is
 requested on a helper thread, so the apiserver prepares it while this one is
 parsed; the pages of one LIST are still requested one after the other.
 """

@@ -34,7 +34,8 @@ Without the label, or without Kueue installed, none of this applies and the
 job behaves as it always did. Jobs under Kueue are not counted by
 ``max-running-jobs``: Kueue's quotas govern them.
 
-This module is pure (no I/O, no `kubernetes`): `poller.decide` calls it, and
+This module is pure (no I/O, no `kubernetes`): `poller.decide` calls it (its
+routing and scheduling too: `poller.routing`, `poller.scheduling`), and
 `poller.observe` reads what it names.
 """
 

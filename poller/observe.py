@@ -55,6 +55,7 @@ from poller.actions import LogRequest, Needs
 from poller.gate import GateView, ItemsRead, baseline_name
 from poller.kube import ApiError, Kube, NotFound
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
+from poller.ownership import controller_uid
 from poller.podreads import PodReads
 from poller.retained import JobKey, RetainedJobs
 from poller.settings import Settings
@@ -436,15 +437,14 @@ class Observer:
             return ItemsRead(problem=str(error))
         if found is None:
             return ItemsRead(problem=f"no ConfigMap {configmap}")
-        owners = (found.get("metadata") or {}).get("ownerReferences") or []
-        if not any(o.get("controller") and o.get("uid") == uid for o in owners):
+        if controller_uid(found) != uid:
             return ItemsRead(problem=f"ConfigMap {configmap} is not owned by LMEvalJob {name}")
         binary = found.get("binaryData") or {}
         encoded = binary.get(results.ITEMS_KEY)
         if not isinstance(encoded, str):
             return ItemsRead(problem=f"ConfigMap {configmap} has no {results.ITEMS_KEY}")
         text = (found.get("data") or {}).get(results.RESULTS_KEY)
-        packed = binary.get(results.RESULTS_KEY + ".gz")
+        packed = binary.get(results.RESULTS_GZ_KEY)
         if isinstance(text, str):
             return ItemsRead(encoded=encoded, results=text)
         if isinstance(packed, str):

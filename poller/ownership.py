@@ -18,15 +18,22 @@ recorded when the poller created it (`podAttempt`, `podUID`):
   UID (the real pod was deleted and replaced). A foreign pod is never
   adopted, read, archived or deleted by the poller: the job ends Failed with
   a message naming it.
+
+Objects the poller makes besides pods (results and task-snapshot ConfigMaps)
+are judged by their controller alone (`controller_uid`): the claims
+admission policy refuses an ownerReference to an LMEvalJob from anyone but
+the poller, and the apiserver allows one controller per object.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
+from typing import Any
 
 from poller.views import JobView, PodView
 
-__all__ = ["PodTrust", "foreign_pod_message", "judge_pod"]
+__all__ = ["PodTrust", "controller_uid", "foreign_pod_message", "judge_pod"]
 
 
 class PodTrust(Enum):
@@ -65,4 +72,13 @@ def foreign_pod_message(pod: PodView, why: str) -> str:
         f"pod {pod.name} in namespace {pod.namespace} was not created by the poller for "
         f"this job ({why}); it was left untouched and is not taken for the job's pod: "
         "delete it and submit the job again"
+    )
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The UID of the object's controller (the ownerReference marked controller), if any."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next(
+        (str(o.get("uid")) for o in owners if isinstance(o, Mapping) and o.get("controller")),
+        None,
     )

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from sys import intern
 from typing import Any
 
-from driver.protocol import parse_results_json
+from driver.protocol import MAX_RESULTS_BYTES, parse_results_json
 from poller import api
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "LOG_ARCHIVE_KEY",
     "MAX_SCORES_PER_JOB",
     "PROVENANCE_KEY",
+    "RESULTS_GZ_KEY",
     "RESULTS_KEY",
     "STATUS_RESULTS_BUDGET",
     "Score",
@@ -42,6 +43,7 @@ __all__ = [
     "gunzip_base64",
     "gzip_base64",
     "iter_score_rows",
+    "packed_results_text",
     "parse_scores",
     "reduce_results",
     "results_configmap",
@@ -62,6 +64,8 @@ CONFIGMAP_TEXT_LIMIT = 900 * 1024
 # reduced, as in status: a refused write would be retried every cycle.
 CONFIGMAP_DATA_MAX = 1024 * 1024
 RESULTS_KEY = "results.json"
+# The results gzip'd into binaryData, when their text is too large for data.
+RESULTS_GZ_KEY = RESULTS_KEY + ".gz"
 # Beside the results: the per-item scores the driver sent (driver.itemscores'
 # JSON, gzip'd) and the run's provenance (JSON text).
 ITEMS_KEY = "items.json.gz"
@@ -151,7 +155,7 @@ def results_configmap(
         if len(text.encode()) <= CONFIGMAP_TEXT_LIMIT and not compress:
             data[RESULTS_KEY] = text
         else:
-            binary[RESULTS_KEY + ".gz"] = gzip_base64(text.encode())
+            binary[RESULTS_GZ_KEY] = gzip_base64(text.encode())
     if provenance is not None:
         data[PROVENANCE_KEY] = provenance
     if items is not None:
@@ -202,6 +206,16 @@ def gunzip_base64(encoded: str, limit: int, key: str) -> bytes:
     if len(data) > limit:
         raise ValueError(f"{key} holds more than {limit} bytes once decompressed")
     return data
+
+
+def packed_results_text(encoded: str) -> str:
+    """The results text under RESULTS_GZ_KEY, inflated to at most the results'
+    own limit (protocol.MAX_RESULTS_BYTES). Raises ValueError saying what is wrong."""
+    data = gunzip_base64(encoded, MAX_RESULTS_BYTES, RESULTS_GZ_KEY)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{RESULTS_GZ_KEY} is not UTF-8 text: {error}") from error
 
 
 def configmap_data_bytes(manifest: dict[str, Any]) -> int:

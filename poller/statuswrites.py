@@ -20,10 +20,10 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from poller import decide as decisions
 from poller import poison
 from poller.actions import PatchStatus, PostEvent
 from poller.kube import Conflict, Kube
+from poller.scheduling import decide_failure
 from poller.views import JobView
 
 __all__ = ["StatusWrites", "with_outcome_of_actions"]
@@ -40,7 +40,7 @@ class StatusWrites:
     def fail(self, job: JobView, now: dt.datetime, message: str, cause: str | None = None) -> int:
         """End `job` Failed with `message`; the number of status patches sent."""
         patches = 0
-        for follow_up in decisions.decide_failure(job, now, message, cause).actions:
+        for follow_up in decide_failure(job, now, message, cause).actions:
             if isinstance(follow_up, PatchStatus):
                 self.patch(job, follow_up)
                 patches += 1

@@ -33,6 +33,7 @@ from typing import Any
 
 from poller import api, podspec, taskcode
 from poller.kube import ApiError, Kube
+from poller.ownership import controller_uid
 from poller.settings import CONFIGMAP_NAME, Settings
 from poller.views import JobView
 
@@ -202,8 +203,7 @@ def _snapshot(kube: Kube, job: JobView, source: _Source) -> str | None:
 
 def _not_ours(existing: dict[str, Any], job: JobView, manifest: dict[str, Any]) -> str | None:
     """Why an existing ConfigMap is not this job's snapshot of the content checked."""
-    owners = (existing.get("metadata") or {}).get("ownerReferences") or []
-    if not any(o.get("controller") and o.get("uid") == job.uid for o in owners):
+    if controller_uid(existing) != job.uid:
         return "was not made by this job (it is not controlled by it)"
     if existing.get("immutable") is not True:
         return "is not immutable"

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import datetime as dt
 
-__all__ = ["format_micro_time", "format_time", "now", "parse_time", "timestamp"]
+__all__ = [
+    "format_micro_time",
+    "format_time",
+    "now",
+    "parse_time",
+    "seconds_between",
+    "timestamp",
+]
 
 
 def now() -> dt.datetime:
@@ -51,3 +58,10 @@ def timestamp(text: object) -> float | None:
     """Seconds since the epoch of an RFC 3339 time, or None (see `parse_time`)."""
     moment = parse_time(text)
     return None if moment is None else moment.timestamp()
+
+
+def seconds_between(start: str | None, end: dt.datetime) -> float:
+    """Seconds from the RFC 3339 time `start` to `end`; 0.0 when `start` is unset
+    or not a time (see `parse_time`)."""
+    begun = parse_time(start)
+    return (end - begun).total_seconds() if begun else 0.0

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from poller.cli import commands, follow, submit
 from poller.cli.client import Cluster, fetch_job, split_ref
@@ -44,6 +44,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(ExitCode.USAGE, f"{self.prog}: error: {message}\n")
+
+
+if TYPE_CHECKING:
+    # Generic only in typeshed: subscripting it at run time raises TypeError.
+    _Commands = argparse._SubParsersAction[_Parser]
 
 
 def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -114,27 +119,45 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     )
     _global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # The order of these calls is the order of the commands in --help.
+    _add_submit(sub)
+    _add_rerun(sub)
+    _add_list(sub)
+    _add_get(sub)
+    _add_logs(sub)
+    _add_results(sub)
+    _add_compare(sub)
+    _add_wait(sub)
+    _add_patch_commands(sub)
+    return parser
 
-    def command(
-        name: str, func: Command, help_text: str, **kwargs: object
-    ) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(
-            name,
-            help=help_text,
-            description=help_text,
-            epilog=EXIT_CODES_HELP,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            **kwargs,  # type: ignore[arg-type]
-        )
-        cmd.set_defaults(func=func)
-        _global_flags(cmd, top=False)
-        return cmd
 
-    cmd = command("submit", commands.cmd_submit, "create an LMEvalJob from flags or a file")
+def _command(
+    sub: _Commands, name: str, func: Command, help_text: str, aliases: Sequence[str] = ()
+) -> argparse.ArgumentParser:
+    """A command's parser: its help, the exit codes, the global flags and what runs it."""
+    cmd = sub.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        aliases=aliases,
+    )
+    cmd.set_defaults(func=func)
+    _global_flags(cmd, top=False)
+    return cmd
+
+
+def _add_submit(sub: _Commands) -> None:
+    cmd = _command(sub, "submit", commands.cmd_submit, "create an LMEvalJob from flags or a file")
     submit.add_arguments(cmd)
     _interval(cmd)
 
-    cmd = command(
+
+def _add_rerun(sub: _Commands) -> None:
+    cmd = _command(
+        sub,
         "rerun",
         commands.cmd_rerun,
         "run a finished job again: a new job with its spec, annotated with the original",
@@ -165,29 +188,40 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     cmd.add_argument("--timeout", help="with --wait: give up after this long (default: never)")
     _interval(cmd)
 
-    cmd = command(
-        "list", commands.cmd_list, "list jobs with state, progress and score", aliases=["ls"]
+
+def _add_list(sub: _Commands) -> None:
+    cmd = _command(
+        sub, "list", commands.cmd_list, "list jobs with state, progress and score", aliases=["ls"]
     )
     cmd.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
     cmd.add_argument("-l", "--selector", help="label selector, e.g. team=nlp")
     cmd.add_argument("-o", "--output", choices=["wide", "json", "yaml"], help="output format")
 
-    cmd = command("get", commands.cmd_get, "show one job: spec, conditions, events, results")
+
+def _add_get(sub: _Commands) -> None:
+    cmd = _command(sub, "get", commands.cmd_get, "show one job: spec, conditions, events, results")
     cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
     cmd.add_argument("-o", "--output", choices=["json", "yaml"], help="print the object instead")
 
-    cmd = command("logs", _cmd_logs, "print the evaluation's log (markers hidden)")
+
+def _add_logs(sub: _Commands) -> None:
+    cmd = _command(sub, "logs", _cmd_logs, "print the evaluation's log (markers hidden)")
     cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
     cmd.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     cmd.add_argument("--raw", action="store_true", help="keep the driver's ::lmeval:: marker lines")
     cmd.add_argument("--tail", type=_number(int, 0), metavar="N", help="only the last N lines")
     _interval(cmd)
 
-    cmd = command("results", commands.cmd_results, "print a job's scores")
+
+def _add_results(sub: _Commands) -> None:
+    cmd = _command(sub, "results", commands.cmd_results, "print a job's scores")
     cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
     _formats(cmd, ["table", "json", "csv", "markdown"], "table")
 
-    cmd = command(
+
+def _add_compare(sub: _Commands) -> None:
+    cmd = _command(
+        sub,
         "compare",
         commands.cmd_compare,
         "compare jobs: for two with per-item scores, a paired significance test per task and "
@@ -214,7 +248,9 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
         help="confidence level of the intervals; significant means p < 1 - it (default: 0.95)",
     )
 
-    cmd = command("wait", _cmd_wait, "wait for a job to end, with a progress bar")
+
+def _add_wait(sub: _Commands) -> None:
+    cmd = _command(sub, "wait", _cmd_wait, "wait for a job to end, with a progress bar")
     cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
     cmd.add_argument(
         "--for",
@@ -226,14 +262,16 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     cmd.add_argument("--timeout", help="give up after this long, e.g. 10m (default: no limit)")
     _interval(cmd)
 
+
+def _add_patch_commands(sub: _Commands) -> None:
+    """cancel, suspend and resume: one patch of spec each, on any number of jobs."""
     for name, words in (
         ("cancel", "stop jobs for good (they end Complete/Cancelled)"),
         ("suspend", "pause jobs (their pods are deleted)"),
         ("resume", "resume suspended jobs (fresh pods)"),
     ):
-        cmd = command(name, commands.cmd_patch, words)
+        cmd = _command(sub, name, commands.cmd_patch, words)
         cmd.add_argument("names", nargs="+", metavar="NAME", help="job names")
-    return parser
 
 
 def _cmd_logs(args: argparse.Namespace, cluster: Cluster, out: Output) -> int:

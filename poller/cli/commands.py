@@ -14,8 +14,6 @@ command returns its exit code; errors travel as ``CliError``.
 from __future__ import annotations
 
 import argparse
-import base64
-import gzip
 import json
 from typing import Any
 
@@ -23,7 +21,12 @@ from poller import api, timefmt
 from poller.cli import facts, follow, paired, render, rerun, submit
 from poller.cli.client import Cluster, fetch_job, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
-from poller.results import RESULTS_KEY, results_configmap_name
+from poller.results import (
+    RESULTS_GZ_KEY,
+    RESULTS_KEY,
+    packed_results_text,
+    results_configmap_name,
+)
 
 __all__ = [
     "cmd_compare",
@@ -191,12 +194,12 @@ def _configmap_results(
     if not found:
         return None
     text = (found.get("data") or {}).get(RESULTS_KEY)
-    packed = (found.get("binaryData") or {}).get(RESULTS_KEY + ".gz")
-    if text is None and packed:
-        text = gzip.decompress(base64.b64decode(packed)).decode()
+    packed = (found.get("binaryData") or {}).get(RESULTS_GZ_KEY)
     try:
+        if text is None and isinstance(packed, str):
+            text = packed_results_text(packed)
         parsed = json.loads(text) if text else None
-    except ValueError:
+    except ValueError:  # not JSON, or a packed value that is no gzip of results
         return None
     return parsed if isinstance(parsed, dict) else None
 

@@ -110,10 +110,7 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
 
 def crd_manifest() -> dict[str, Any]:
     """The CRD as a Python object."""
-    status = _schema(api.LMEvalJobStatus)
-    conditions = status["properties"]["conditions"]
-    conditions["x-kubernetes-list-type"] = "map"
-    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    status = _status_schema()
     spec = _schema(api.LMEvalJobSpec)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -130,74 +127,75 @@ def crd_manifest() -> dict[str, Any]:
                 "categories": ["all"],
             },
             "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": api.API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    # The poller's hot cycle lists only unfinished jobs
-                    # (status.state!=Complete) and users may select by state
-                    # too: kubectl get lmej --field-selector status.state=Running.
-                    "selectableFields": [{"jsonPath": ".status.state"}],
-                    "additionalPrinterColumns": [
-                        {"name": "State", "type": "string", "jsonPath": ".status.state"},
-                        {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
-                        {
-                            "name": "Progress",
-                            "type": "string",
-                            "jsonPath": ".status.progress.line",
-                        },
-                        {
-                            "name": "Age",
-                            "type": "date",
-                            "jsonPath": ".metadata.creationTimestamp",
-                        },
-                        {
-                            "name": "Model",
-                            "type": "string",
-                            "jsonPath": ".spec.model",
-                            "priority": 1,
-                        },
-                        {
-                            "name": "Message",
-                            "type": "string",
-                            "jsonPath": ".status.message",
-                            "priority": 1,
-                        },
-                        {
-                            "name": "Regressed",
-                            "type": "string",
-                            "jsonPath": '.status.conditions[?(@.type=="Regressed")].status',
-                            "priority": 1,
-                        },
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "An lm-evaluation-harness run, executed by the "
-                            "lmeval poller in a pod of its own.",
-                            "required": ["spec"],
-                            # Only the root may read metadata.name.
-                            _VALIDATIONS: [
-                                {
-                                    "rule": "!has(self.spec.baseline) || "
-                                    "self.spec.baseline != self.metadata.name",
-                                    "message": "spec.baseline names this job itself",
-                                    "fieldPath": ".spec.baseline",
-                                }
-                            ],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                                "status": status,
-                            },
-                        }
-                    },
-                }
-            ],
+            "versions": [_version(spec, status)],
+        },
+    }
+
+
+def _status_schema() -> dict[str, Any]:
+    status = _schema(api.LMEvalJobStatus)
+    # Keyed by type, as Kubernetes conventions have it: the apiserver refuses two of one type.
+    conditions = status["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return status
+
+
+def _version(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """The one served and stored version of the API."""
+    return {
+        "name": api.API_VERSION,
+        "served": True,
+        "storage": True,
+        "subresources": {"status": {}},
+        # The poller's hot cycle lists only unfinished jobs
+        # (status.state!=Complete) and users may select by state
+        # too: kubectl get lmej --field-selector status.state=Running.
+        "selectableFields": [{"jsonPath": ".status.state"}],
+        "additionalPrinterColumns": _printer_columns(),
+        "schema": {"openAPIV3Schema": _root_schema(spec, status)},
+    }
+
+
+def _printer_columns() -> list[dict[str, Any]]:
+    """kubectl get's columns; priority 1 ones only with -o wide."""
+    return [
+        {"name": "State", "type": "string", "jsonPath": ".status.state"},
+        {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
+        {"name": "Progress", "type": "string", "jsonPath": ".status.progress.line"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model", "priority": 1},
+        {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+        {
+            "name": "Regressed",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Regressed")].status',
+            "priority": 1,
+        },
+    ]
+
+
+def _root_schema(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """The whole object's schema, with the rules that need more than spec to check."""
+    return {
+        "type": "object",
+        "description": "An lm-evaluation-harness run, executed by the "
+        "lmeval poller in a pod of its own.",
+        "required": ["spec"],
+        # Only the root may read metadata.name.
+        _VALIDATIONS: [
+            {
+                "rule": "!has(self.spec.baseline) || self.spec.baseline != self.metadata.name",
+                "message": "spec.baseline names this job itself",
+                "fieldPath": ".spec.baseline",
+            }
+        ],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
         },
     }
 

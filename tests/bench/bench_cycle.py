@@ -544,7 +544,12 @@ class Bench:
             user_agent="bench-floor",
         )
         self.poller_api = ApiTransport.from_kubeconfig(self.sa_kubeconfig)
-        self.poller = Reconciler(Kube(self.poller_api), settings_namespace=POLLER_NS)
+        # The hot cycle alone, as the service runs it: the sweep of finished
+        # jobs has its own scheduler job there, not steps inside cycles (with
+        # them, an idle cycle's requests vary with the sweep's pace).
+        self.poller = Reconciler(
+            Kube(self.poller_api), settings_namespace=POLLER_NS, sweep_in_cycle=False
+        )
         # The poller's own key (made now, in its Secret), so that the pods the
         # benchmark makes in its stead carry the proof of origin it checks.
         self.proof = self.poller.pod_proof()

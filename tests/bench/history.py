@@ -459,9 +459,6 @@ def history(bench: Bench) -> list[dict[str, Any]]:
     kwok_wait = bench.wait_for_kwok(population, timeout=120 + args.active / 10)
     log(f"  kwok caught up after {kwok_wait:.1f} s; settling")
     bench.settle()
-    # The in-process poller measures the hot cycle alone: no sweep steps in its
-    # cycles (the service below runs them on their own job, as in production).
-    bench.poller.sweep_in_cycle = False
     bench.floor_lists = list(HOT_LISTS)
     results: list[dict[str, Any]] = []
     have = 0

@@ -34,9 +34,9 @@ from poller.actions import (
     ReleaseHold,
     StoreResults,
 )
-from poller.decide import queue_message
 from poller.draft import set_condition
 from poller.ownership import PodTrust, judge_pod
+from poller.scheduling import EXACT_QUEUE_POSITIONS, queue_message
 from poller.settings import Settings
 from poller.timefmt import format_time
 from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
@@ -461,7 +461,7 @@ def test_a_moving_queue_rewrites_only_the_jobs_near_its_head() -> None:
     before = [queue_message(QueueSlot(p, 1)) for p in range(1, waiting + 1)]
     after = [queue_message(QueueSlot(p - 1, 1)) for p in range(2, waiting + 1)]
     changed = sum(1 for old, new in zip(before[1:], after, strict=True) if old != new)
-    assert changed == decide.EXACT_QUEUE_POSITIONS
+    assert changed == EXACT_QUEUE_POSITIONS
     assert before[-1] == "waiting for a free slot: more than 10 jobs ahead (max-running-jobs: 1)"
     # And through decide: a job far back that moves up one place writes nothing.
     first = status_of(decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(51, 1)))

@@ -29,6 +29,7 @@ from poller.actions import Decision, LogRequest, Needs
 from poller.identity import KEY_FIELD, PodProof
 from poller.kube import JobsPage, LogTail
 from poller.reconciler import Reconciler
+from poller.routing import Step, route
 from poller.settings import Settings
 from poller.views import PROOF_ANNOTATION
 from tests.unit.test_decide import NOW, SETTINGS, job, log_view, pod, running_status
@@ -95,10 +96,10 @@ def test_what_to_observe_and_decide_take_the_same_branch() -> None:
         (job(running_status(), cancel=True), FINISHED),
     ]
     for listed, observed_pod in cases:
-        step = decide.route(listed, observed_pod, NOW, None)
+        step = route(listed, observed_pod, NOW, None)
         needs = decide.what_to_observe(listed, observed_pod, SETTINGS, NOW, progress_due=True)
-        assert (needs.log is not None) == (step in (decide.Step.FINISHED, decide.Step.RUNNING))
-        assert needs.namespace_uid == (step is decide.Step.SCHEDULE)
+        assert (needs.log is not None) == (step in (Step.FINISHED, Step.RUNNING))
+        assert needs.namespace_uid == (step is Step.SCHEDULE)
 
 
 # -- the log rule --------------------------------------------------------------------

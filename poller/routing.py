@@ -1,0 +1,152 @@
+"""Which branch of `decide` a job and its pod are in: the routing alone. Pure.
+
+Why this module exists: `poller.decide` answers two questions of one
+observation, what to read before deciding (`what_to_observe`) and what to do
+(`decide`), and both must take the same branch: otherwise a log is read for a
+branch not taken, or a pod the poller did not make is read at all. `route`
+is that one answer, kept apart from what each branch does: it looks at the
+job, its pod (judged by `poller.ownership`), its place in the queue, Kueue's
+gate (`poller.kueuegate`) and the deadline, and names a `Step`; it builds no
+status and no action. Like `decide` it does no I/O, imports nothing from
+`kubernetes` and takes its clock as an argument.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import Enum
+
+from poller import api, kueuegate
+from poller.kueuegate import Gate, KueueView
+from poller.ownership import PodTrust, judge_pod
+from poller.timefmt import seconds_between
+from poller.views import JobView, PodView, QueueSlot
+
+__all__ = ["Step", "deadline_exceeded", "route", "submitted_for"]
+
+S = api.JobState
+
+
+class Step(Enum):
+    """Which branch of `decide` a job and its pod are in: the routing alone.
+
+    Shared by `decide` and `what_to_observe`, so that what is read before
+    deciding is exactly what the branch taken will use (and a pod the poller
+    did not make is never read).
+    """
+
+    NOTHING = "nothing"  # the job is being deleted, or its old pod still goes away
+    RETENTION = "retention"  # finished: only its TTL
+    UNREADABLE = "unreadable"
+    FOREIGN_POD = "foreign-pod"
+    ADOPT_POD = "adopt-pod"
+    CANCEL = "cancel"
+    SUSPEND = "suspend"
+    SCHEDULE = "schedule"  # make a pod
+    OVERDUE = "overdue"  # activeDeadlineSeconds passed
+    QUEUED = "queued"
+    POD_VANISHED = "pod-vanished"
+    EVICTED = "evicted"
+    FINISHED = "finished"  # the main container terminated
+    ENDED_EARLY = "ended-early"  # the pod ended before the main container ran
+    POD_DELETING = "pod-deleting"
+    STARTING = "starting"  # pending, or the container waits
+    RUNNING = "running"
+    # Under Kueue (`poller.kueuegate`); an admitted job without a pod is SCHEDULE.
+    KUEUE_SUBMIT = "kueue-submit"  # create the workload
+    KUEUE_RESUBMIT = "kueue-resubmit"  # the job changed while waiting: a new workload
+    KUEUE_WAIT = "kueue-wait"  # the workload waits for admission
+    KUEUE_RELEASE = "kueue-release"  # evicted, pod gone: give the quota back
+    KUEUE_STOP = "kueue-stop"  # the pod runs without an admission: delete it
+
+
+_GATED_STEPS = {
+    Gate.SUBMIT: Step.KUEUE_SUBMIT,
+    Gate.RESUBMIT: Step.KUEUE_RESUBMIT,
+    Gate.WAIT: Step.KUEUE_WAIT,
+    Gate.RELEASE: Step.KUEUE_RELEASE,
+    Gate.STOP: Step.KUEUE_STOP,
+    Gate.START: Step.SCHEDULE,
+}
+
+
+def route(
+    job: JobView,
+    pod: PodView | None,
+    now: dt.datetime,
+    queue: QueueSlot | None,
+    kueue: KueueView | None = None,
+) -> Step:
+    """The branch of `decide` for this observation (`kueue`: the job is under Kueue). Pure."""
+    if job.deleting:
+        return Step.NOTHING
+    state = job.status.state
+    if state == S.COMPLETE:
+        return Step.RETENTION
+    if job.problem is not None:
+        return Step.UNREADABLE
+    if pod is not None:
+        trust = judge_pod(job, pod)[0]
+        if trust is PodTrust.FOREIGN:
+            return Step.FOREIGN_POD
+        if trust is PodTrust.ADOPT:
+            return Step.ADOPT_POD
+    if job.cancel_requested:
+        return Step.CANCEL
+    if job.suspend_requested:
+        return Step.SUSPEND
+    if kueue is not None:
+        verdict = kueuegate.gate(
+            state=state,
+            pod_exists=pod is not None,
+            pod_deleting=pod is not None and pod.deleting,
+            pod_phase=pod.phase if pod is not None else "",
+            main_state=pod.main.state if pod is not None else "",
+            workload=kueue.workload,
+            wanted=submitted_for(job),
+        )
+        if verdict in _GATED_STEPS:
+            return _GATED_STEPS[verdict]
+    if state == S.SUSPENDED:
+        # The old pod still going away: resume after.
+        return Step.NOTHING if pod is not None else Step.SCHEDULE
+    if deadline_exceeded(job, now) is not None:
+        return Step.OVERDUE
+    if pod is None:
+        if state in (None, S.NEW):
+            return Step.QUEUED if queue is not None else Step.SCHEDULE
+        return Step.POD_VANISHED
+    return _pod_step(pod)
+
+
+def _pod_step(pod: PodView) -> Step:
+    if pod.phase == "Failed" and pod.reason == "Evicted":
+        return Step.EVICTED
+    if pod.main.state == "terminated":
+        return Step.FINISHED
+    if pod.phase in ("Failed", "Succeeded"):
+        return Step.ENDED_EARLY
+    if pod.deleting:
+        return Step.POD_DELETING
+    if pod.main.state != "running":
+        return Step.STARTING
+    return Step.RUNNING
+
+
+def deadline_exceeded(job: JobView, now: dt.datetime) -> str | None:
+    """Why the job is over its activeDeadlineSeconds (suspended time not counted), or None."""
+    limit = job.active_deadline_seconds
+    if limit is None or job.status.start_time is None:
+        return None
+    active = seconds_between(job.status.start_time, now) - (job.status.suspended_seconds or 0)
+    if active <= limit:
+        return None
+    return (
+        f"DeadlineExceeded: the job was active for {int(active)} s, longer than "
+        f"activeDeadlineSeconds={limit}"
+    )
+
+
+def submitted_for(job: JobView) -> str:
+    """What a workload made now for `job` is for: one submitted for anything else is stale."""
+    return kueuegate.submitted_for(job.generation, job.queue_name, job.priority_class)

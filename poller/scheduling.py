@@ -1,0 +1,179 @@
+"""How a job gets its pod: made from its spec, adopted, or queued for a slot. Pure.
+
+Why this module exists: starting a job is the one step of `poller.decide` that
+turns the spec into a pod and writes the Scheduled status; it is kept apart
+from what `decide` does with a job once started (runs, stops, suspends,
+finishes, waits for Kueue). Here: the spec validated and the pod's manifest
+built (`job_pod`, also the pod template of a Kueue workload), where an invalid
+spec or a pod `poller.podspec` refuses ends the job Failed (`decide_failure`);
+the pod placed where Kueue admitted it and the Scheduled status written, a
+resumed job's pause counted (`schedule`); a pod the poller made but had not
+recorded, recorded (`adopt`); and a waiting job's place in the
+max-running-jobs queue, in words that change only near its head
+(`queue_message`, `queued`). When a job starts is `poller.routing`'s to say.
+Like `decide`, it does no I/O, imports nothing from `kubernetes` and takes
+its clock as an argument.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import ValidationError
+
+from poller import api, kueuegate, podspec
+from poller.actions import CreatePod, Decision
+from poller.draft import StatusDraft
+from poller.kueuegate import KueueView
+from poller.settings import Settings
+from poller.timefmt import seconds_between
+from poller.views import JobView, PodView, QueueSlot
+
+__all__ = [
+    "EXACT_QUEUE_POSITIONS",
+    "adopt",
+    "decide_failure",
+    "job_pod",
+    "queue_message",
+    "queued",
+    "schedule",
+]
+
+# Queued jobs whose status names their exact place (see queue_message).
+EXACT_QUEUE_POSITIONS = 10
+
+C = api.ConditionType
+S = api.JobState
+R = api.JobReason
+
+
+def decide_failure(
+    job: JobView, now: dt.datetime, message: str, cause: str | None = None
+) -> Decision:
+    """End `job` Failed with `message` (e.g. its pod was refused). Pure."""
+    draft = StatusDraft(job, now)
+    draft.finish(R.FAILED, message, cause)
+    return Decision(draft.actions())
+
+
+def _validation_message(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"invalid spec: spec.{where}: {first['msg']} ({error.error_count()} problem(s))"
+
+
+def job_pod(
+    job: JobView, settings: Settings, now: dt.datetime, run_as_user: int | None
+) -> tuple[api.LMEvalJobSpec, dict[str, Any]] | Decision:
+    """The job's spec and pod manifest; or the decision that fails a job that has none."""
+    try:
+        spec = api.LMEvalJobSpec.model_validate(job.spec)
+    except ValidationError as error:
+        return decide_failure(job, now, _validation_message(error))
+    try:
+        manifest = podspec.build_pod(
+            name=job.name,
+            namespace=job.namespace,
+            uid=job.uid,
+            spec=spec,
+            settings=settings,
+            run_as_user=run_as_user,
+        )
+    except podspec.JobPodError as error:
+        return decide_failure(job, now, str(error))
+    return spec, manifest
+
+
+def schedule(
+    job: JobView,
+    settings: Settings,
+    now: dt.datetime,
+    run_as_user: int | None,
+    kueue: KueueView | None = None,
+) -> Decision:
+    made = job_pod(job, settings, now, run_as_user)
+    if isinstance(made, Decision):
+        return made
+    spec, manifest = made
+    admitted_by = None
+    if kueue is not None and kueue.workload is not None:
+        manifest = kueuegate.place(manifest, kueue.flavors or ())
+        admitted_by = f"admitted by Kueue (ClusterQueue {kueue.workload.cluster_queue})"
+    attempt = (job.status.pod_attempt or 0) + 1
+    draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec, admitted_by)
+    # The pod's UID is added by the actuator from the create response.
+    draft.fields.update(pod_attempt=attempt, pod_uid=None)
+    claim = podspec.managed_claim(job.name, job.namespace, job.uid, spec)
+    return Decision([CreatePod(manifest, attempt, claim), *draft.actions()])
+
+
+def _scheduled_draft(
+    job: JobView,
+    now: dt.datetime,
+    name: str,
+    spec: api.LMEvalJobSpec | None,
+    admitted_by: str | None = None,
+) -> StatusDraft:
+    """The status of a job whose pod `name` was just created (or adopted);
+    `admitted_by` says so when Kueue admitted it."""
+    draft = StatusDraft(job, now)
+    resumed = job.status.state == S.SUSPENDED
+    if resumed:
+        paused = seconds_between(job.status.suspend_time, now)
+        draft.fields["suspended_seconds"] = int((job.status.suspended_seconds or 0) + paused)
+        draft.fields.pop("suspend_time", None)
+        if admitted_by is not None:
+            draft.condition(C.SUSPENDED, False, "Admitted", admitted_by)
+        else:
+            draft.condition(C.SUSPENDED, False, "Resumed", "spec.suspend is false")
+        draft.condition(C.RUNNING, False, "Resumed", "a fresh pod was created")
+    draft.state(
+        S.SCHEDULED, R.NO_REASON, f"pod {name} created", event="Resumed" if resumed else None
+    )
+    draft.fields.update(pod_name=name, last_schedule_time=draft.now)
+    draft.fields.setdefault("start_time", draft.now)
+    if spec is not None and (outputs := podspec.outputs_location(spec, job.name, job.uid)):
+        draft.fields["outputs"] = outputs
+    draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {name} created")
+    return draft
+
+
+def adopt(job: JobView, pod: PodView, now: dt.datetime) -> Decision:
+    """Record a pod the poller made but had not recorded (it crashed, or lost a race)."""
+    if job.status.state in (None, S.NEW, S.SUSPENDED):
+        try:
+            spec: api.LMEvalJobSpec | None = api.LMEvalJobSpec.model_validate(job.spec)
+        except ValidationError:
+            spec = None  # only the outputs location is lost; the pod decides the rest
+        draft = _scheduled_draft(job, now, pod.name, spec)
+    else:
+        draft = StatusDraft(job, now)
+    draft.fields.update(pod_name=pod.name, pod_uid=pod.uid, pod_attempt=pod.proof_attempt)
+    return Decision(draft.actions())
+
+
+def queue_message(slot: QueueSlot) -> str:
+    """What a waiting job's status says of its place; it changes only near the head.
+
+    Every change is a status write, and each time the queue moves every job
+    behind the head moves too: exact places for all of a long queue would
+    rewrite every waiting job each time one starts. So only the first
+    `EXACT_QUEUE_POSITIONS` places are exact, and the total is left out.
+    """
+    if slot.position <= EXACT_QUEUE_POSITIONS:
+        place = f"position {slot.position}"
+    else:
+        place = f"more than {EXACT_QUEUE_POSITIONS} jobs ahead"
+    return f"waiting for a free slot: {place} (max-running-jobs: {slot.limit})"
+
+
+def queued(job: JobView, slot: QueueSlot, now: dt.datetime) -> Decision:
+    draft = StatusDraft(job, now)
+    message = queue_message(slot)
+    if job.status.state is None:
+        draft.state(S.NEW, R.NO_REASON, message, event="Queued")
+    else:
+        draft.fields["message"] = message
+    draft.condition(C.SCHEDULED, False, "Queued", message)
+    return Decision(draft.actions())
