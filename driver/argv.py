@@ -53,14 +53,15 @@ def is_secret_key(key: str) -> bool:
     return False
 
 
-def _redact_json(value: Any) -> Any:
+def redact_json(value: Any) -> Any:
+    """A copy of parsed JSON with secret keys' values and secrets inside strings hidden."""
     if isinstance(value, dict):
         return {
-            k: (REDACTED if isinstance(k, str) and is_secret_key(k) else _redact_json(v))
+            k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact_json(v))
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_redact_json(v) for v in value]
+        return [redact_json(v) for v in value]
     if isinstance(value, str):
         return redact_text(value)
     return value
@@ -77,7 +78,9 @@ def redact_text(text: str, _depth: int = 0) -> str:
         except ValueError:
             parsed = None
         if isinstance(parsed, dict):
-            return json.dumps(_redact_json(parsed), ensure_ascii=False)
+            redacted = redact_json(parsed)
+            # Re-written only when something was hidden: the text stays as given.
+            return text if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
     text = _URL_CREDENTIALS_RE.sub(lambda m: m["head"] + REDACTED + "@", text)
     if "=" not in text or _depth > 4:
         return text

@@ -285,7 +285,10 @@ def _store_results(
     """
     items = itemstore.check(decoded)
     record = record_provenance(pod, decoded, draft, found, items.scores)
-    text, reduced = results.reduce_results(found)
+    # What is stored is lm_eval's file with secrets hidden in its echo of the
+    # configuration (model_args, dataset URLs); the provenance redacts its own.
+    shown = results.without_secrets(found)
+    text, reduced = results.reduce_results(shown)
     draft.fields.update(
         results=text,
         results_reduced=reduced,
@@ -305,7 +308,7 @@ def _store_results(
         job_name=job.name,
         job_uid=job.uid,
         labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
-        found=found,
+        found=shown,
         reduced_text=text,
         provenance=record.document(),
         items=items,

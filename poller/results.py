@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from sys import intern
 from typing import Any
 
+from driver.argv import redact_json
 from driver.protocol import MAX_RESULTS_BYTES, parse_results_json
 from poller import api
 
@@ -49,6 +50,7 @@ __all__ = [
     "results_configmap",
     "results_configmap_name",
     "score_rows",
+    "without_secrets",
 ]
 
 STATUS_RESULTS_BUDGET = 256 * 1024
@@ -92,6 +94,46 @@ _DROP_ORDER = (
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+# What of lm_eval's echo of its configuration is scanned for secrets: the run's
+# "config" (model, model_args, gen_kwargs, seeds) and each task's entry in
+# "configs" (dataset paths and kwargs), up to this many bytes of JSON in all.
+# Redacting costs up to 0.7 s a MB of text made to be slow (a key pattern tried
+# at every position), and the rest is an echo: past the budget a task's
+# config is replaced by a note rather than kept unscanned.
+ECHO_SCAN_BUDGET = 1024 * 1024
+
+
+def without_secrets(found: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of lm_eval's results with secrets hidden in its echoed configuration.
+
+    lm_eval copies ``--model_args`` into ``config.model_args`` and dataset URLs
+    into ``configs``: API keys, tokens and URL passwords a job's author put
+    there. status.results and the results ConfigMap are read by more people
+    than may read the job's spec (ConfigMap readers, dashboards, `lmeval
+    results`), so both get this copy (driver.argv's redaction, the same as the
+    started marker's argv). Scores, hashes and counts are untouched. Pure.
+    """
+    cleaned = dict(found)
+    budget = ECHO_SCAN_BUDGET
+
+    def scanned(what: str, value: Any) -> Any:
+        nonlocal budget
+        size = len(_dumps(value))
+        budget -= size
+        if budget < 0:
+            return f"(omitted: {size} bytes of {what}, past the secret scan's budget)"
+        return redact_json(value)
+
+    if "config" in found:
+        cleaned["config"] = scanned("config", found["config"])
+    configs = found.get("configs")
+    if isinstance(configs, dict):
+        cleaned["configs"] = {task: scanned(task, entry) for task, entry in configs.items()}
+    elif "configs" in found:
+        cleaned["configs"] = scanned("configs", configs)
+    return cleaned
 
 
 def reduce_results(

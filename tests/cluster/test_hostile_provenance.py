@@ -8,7 +8,9 @@ characters; items markers that arrive intact but do not decode. Checks: the
 job Succeeds with its results, in a few cycles and without a cycle error;
 the apiserver accepts the status (every bound of status.provenance in the
 CRD holds); 50 task hashes are in status and the other 30 counted; no
-secret is in status.provenance or provenance.json; itemScores says the items
+secret is in status.provenance, provenance.json, status.results or
+results.json (lm_eval's echo of model_args and dataset URLs is kept with
+its secrets hidden, scores and hashes as written); itemScores says the items
 were invalid and none are stored; provenance.json is beside the results.
 And in exec mode (results read by exec'ing cat in the held container), the
 per-item scores still come from the log and are stored beside the exec'd
@@ -115,9 +117,16 @@ def test_a_hostile_runs_provenance_is_bounded_and_keeps_no_secret(
     document = json.loads(stored.data[results.PROVENANCE_KEY])
     assert document["taskHashes"] == HASHES
     assert document["tasks"]["toy"]["datasetPath"] == "https://x:***@d.example/toy"
-    # status.results and results.json are lm_eval's file as written (its config
-    # echoes model_args): the provenance copies nothing of them but the name.
+    # lm_eval's config echoes model_args and its task configs dataset URLs:
+    # status.results and results.json keep them with the secrets hidden, the
+    # scores and hashes as written; the provenance copies nothing but the name.
+    shown = json.loads(final["results"])
+    assert shown["results"] == RESULTS["results"] and shown["task_hashes"] == HASHES
+    assert shown["config"]["model_args"] == "model=org/m,base_url=http://u:***@h/v1,api_key=***"
+    assert shown["configs"]["toy"]["dataset_path"] == "https://x:***@d.example/toy"
+    assert json.loads(stored.data[results.RESULTS_KEY]) == shown
     kept = json.dumps(provenance) + json.dumps(final["itemScores"]) + json.dumps(document)
+    kept += final["results"] + stored.data[results.RESULTS_KEY]
     for secret in ("SECRET-URL", "SECRET-ARG", "SECRET-DATA", "SECRET-FLAG"):
         assert secret not in kept
 

@@ -6,7 +6,11 @@ as the same JSON through `packed_results_text`, the one reader the gate and
 limit (protocol.MAX_RESULTS_BYTES) is refused before it is inflated further,
 as is one that is not gzip or not text; and the controller of an object is
 told by `ownership.controller_uid`, which the results, items and task
-snapshot readers use alike.
+snapshot readers use alike. And `without_secrets`: lm_eval's echo of
+model_args (a string or a dict) and of task configs' dataset URLs keeps
+nothing secret, the scores and everything without a secret stay exactly as
+written, and past the scan's budget a config is replaced by a note, not
+kept unscanned.
 """
 
 from __future__ import annotations
@@ -65,3 +69,71 @@ def test_controller_uid_is_the_controlling_reference_only() -> None:
     assert ownership.controller_uid({"metadata": {"ownerReferences": refs[:2]}}) is None
     assert ownership.controller_uid({"metadata": {}}) is None
     assert ownership.controller_uid({}) is None
+
+
+LEAKY = {
+    "results": {"toy": {"acc,none": 0.5, "alias": "toy"}},
+    "config": {
+        "model": "local-completions",
+        "model_args": "model=m,base_url=https://u:SECRET-1@h/v1,api_key=SECRET-2,max_tokens=8",
+        "gen_kwargs": {"temperature": 0},
+    },
+    "configs": {
+        "toy": {
+            "dataset_path": "https://x:SECRET-3@d.example/toy",
+            "dataset_kwargs": {"token": "SECRET-4", "revision": "r1"},
+            "doc_to_text": '{"q": "{{question}}"}',
+            "num_fewshot": 2,
+        }
+    },
+    "task_hashes": {"toy": "ab" * 32},
+    "n-shot": {"toy": 2},
+}
+
+
+def test_without_secrets_hides_what_lm_eval_echoes_and_keeps_the_rest() -> None:
+    shown = results.without_secrets(LEAKY)
+    text = json.dumps(shown)
+    for secret in ("SECRET-1", "SECRET-2", "SECRET-3", "SECRET-4"):
+        assert secret not in text
+    assert shown["config"]["model_args"] == (
+        "model=m,base_url=https://u:***@h/v1,api_key=***,max_tokens=8"
+    )
+    assert shown["configs"]["toy"]["dataset_kwargs"] == {"token": "***", "revision": "r1"}
+    # A JSON-looking template with nothing secret stays byte for byte.
+    assert shown["configs"]["toy"]["doc_to_text"] == '{"q": "{{question}}"}'
+    for key in ("results", "task_hashes", "n-shot"):
+        assert shown[key] == LEAKY[key]
+    assert LEAKY["config"]["model_args"].endswith("max_tokens=8")  # the input is not changed
+
+
+def test_without_secrets_reads_model_args_as_lm_eval_writes_them_as_a_dict() -> None:
+    found = {"config": {"model_args": {"pretrained": "/cache/m", "api_key": "SECRET-5"}}}
+    assert results.without_secrets(found)["config"]["model_args"] == {
+        "pretrained": "/cache/m",
+        "api_key": "***",
+    }
+
+
+def test_results_without_secrets_are_unchanged() -> None:
+    clean = {k: v for k, v in LEAKY.items() if k not in ("config", "configs")}
+    clean["config"] = {"model": "dummy", "model_args": "", "random_seed": 0}
+    assert results.without_secrets(clean) == clean
+
+
+def test_configs_past_the_scan_budget_are_replaced_by_a_note() -> None:
+    big = "x" * (results.ECHO_SCAN_BUDGET // 2)
+    found = {
+        "config": {"model_args": "api_key=SECRET-6"},
+        "configs": {
+            "a": {"doc_to_text": big},
+            "b": {"doc_to_text": big, "dataset_path": "https://u:SECRET-7@h/d"},
+            "c": {"dataset_path": "https://u:SECRET-8@h/d"},
+        },
+    }
+    shown = results.without_secrets(found)
+    assert shown["configs"]["a"] == {"doc_to_text": big}
+    for task in ("b", "c"):
+        note = shown["configs"][task]
+        assert isinstance(note, str) and "past the secret scan's budget" in note, note
+    assert "SECRET" not in json.dumps(shown)
