@@ -145,6 +145,15 @@ class Actuator:
                 job.namespace,
                 action.name,
             )
+        except ApiError as error:
+            if not action.best_effort:
+                raise
+            log.warning(
+                "workload %s/%s not marked (%s); its job's retention tries again",
+                job.namespace,
+                action.name,
+                error,
+            )
 
     def end_failed(
         self, job: JobView, pod: PodView | None, message: str, now: dt.datetime, tally: Tally

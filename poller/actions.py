@@ -141,11 +141,17 @@ class CreateWorkload:
 
 @dataclass(frozen=True)
 class PatchWorkloadStatus:
-    """Merge-patch a Workload's status; `resource_version` makes a stale write fail."""
+    """Merge-patch a Workload's status; `resource_version` makes a stale write fail.
+
+    `best_effort`: a refused write is logged and the actions after it go on
+    (a finishing job's status must not wait on Kueue; its retention marks the
+    workload again next cycle).
+    """
 
     name: str
     status: dict[str, Any]
     resource_version: str
+    best_effort: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ does no I/O and imports nothing from `kubernetes`.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
 from poller import api, kueuegate, outcome, podgit, podspec
 from poller import gate as regression
@@ -127,7 +128,7 @@ def _suspend(
 
 def _finish_workload(
     status: api.LMEvalJobStatus, kueue: KueueView | None, now: dt.datetime
-) -> list[Action]:
+) -> list[PatchWorkloadStatus]:
     """A finished job's workload is marked Finished, which frees its quota in Kueue."""
     workload = kueue.workload if kueue is not None else None
     if workload is None or workload.finished or workload.deleting:
@@ -279,10 +280,14 @@ def decide(
     decision = _decide(job, pod, settings, now, log, queue, exec_view, run_as_user, kueue, gate)
     if kueue is None or any(isinstance(a, PatchWorkloadStatus) for a in decision.actions):
         return decision  # (a finished job's retention marks its workload itself)
-    # A job that finishes now frees its Kueue quota in the same breath.
-    for action in decision.actions:
+    # A job that finishes now frees its Kueue quota in the same breath, before
+    # its status says Complete: a poller stopped in between finds the job not
+    # Complete and decides it again, where one stopped after the status would
+    # leave the workload holding its quota (Complete jobs are not listed).
+    for index, action in enumerate(decision.actions):
         if isinstance(action, PatchStatus) and action.status.state == S.COMPLETE:
-            decision.actions.extend(_finish_workload(action.status, kueue, now))
+            finish = _finish_workload(action.status, kueue, now)
+            decision.actions[index:index] = [replace(a, best_effort=True) for a in finish]
             break
     return decision
 

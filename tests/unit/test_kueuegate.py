@@ -3,8 +3,11 @@
 A job labelled with a LocalQueue, on a cluster where Kueue is installed,
 submits a Workload, waits Suspended in Kueue's words, starts on admission
 with the flavors' placement, gives its pod up when evicted, releases its
-quota once the pod is gone, and marks its workload Finished when done. The
-same job without Kueue (``kueue=None``) decides exactly as before.
+quota once the pod is gone, and marks its workload Finished when done: in
+the decision that finishes the job, before its status (a poller stopped in
+between decides the job again; Complete jobs are not listed), and without
+letting a refused workload write hold the status back. The same job
+without Kueue (``kueue=None``) decides exactly as before.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from poller import api, decide, kueuegate
 from poller.act import Actuator
@@ -23,9 +28,10 @@ from poller.actions import (
     DeletePod,
     DeleteWorkload,
     Needs,
+    PatchStatus,
     PatchWorkloadStatus,
 )
-from poller.apierrors import Conflict
+from poller.apierrors import ApiError, Conflict
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.settings import Settings
 from poller.timefmt import format_time
@@ -339,3 +345,47 @@ def test_a_job_changed_while_it_waits_submits_a_new_workload() -> None:
     going = replace(submitted("2/team-a/"), deleting=True)
     waiting = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(going))
     assert not [a for a in waiting.actions if isinstance(a, DeleteWorkload | CreateWorkload)]
+
+
+def test_a_job_that_finishes_now_marks_its_workload_before_its_status() -> None:
+    # Its pod vanished: the job ends Failed in this decision.
+    decision = decide.decide(job(running_status()), None, SETTINGS, NOW, kueue=KueueView(ADMITTED))
+    kinds = [type(a) for a in decision.actions]
+    assert kinds.index(PatchWorkloadStatus) < kinds.index(PatchStatus), kinds
+    (finish,) = [a for a in decision.actions if isinstance(a, PatchWorkloadStatus)]
+    assert finish.best_effort
+    assert status_of(decision).state == api.JobState.COMPLETE
+    # Its retention, later, marks it again only if that write did not land.
+    done = replace(job(running_status()), status=status_of(decision))
+    (again,) = decide.decide(done, None, SETTINGS, NOW, kueue=KueueView(ADMITTED)).actions
+    assert isinstance(again, PatchWorkloadStatus) and not again.best_effort
+
+
+class _RefusingKube:
+    """Kueue's webhook is down: every workload status patch fails with a 500."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def patch_workload_status(self, *args: Any) -> None:
+        raise ApiError(500, "InternalError", "failed calling webhook")
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        self.deleted.append(name)
+
+
+def test_a_refused_best_effort_workload_write_does_not_stop_what_follows() -> None:
+    kube = _RefusingKube()
+    actuator = Actuator(kube, None, None, lambda: None)  # type: ignore[arg-type]
+
+    class Tally:
+        def add(self, *, patches: int = 0, pods_created: int = 0) -> None:
+            raise AssertionError("nothing to count")
+
+    patch = PatchWorkloadStatus("w", {"conditions": []}, "7", best_effort=True)
+    actuator.carry_out(job(), Decision([patch, DeleteWorkload("w")]), SETTINGS, NOW, Tally())
+    assert kube.deleted == ["w"]
+    strict = replace(patch, best_effort=False)
+    with pytest.raises(ApiError, match="InternalError"):
+        actuator.carry_out(job(), Decision([strict, DeleteWorkload("w")]), SETTINGS, NOW, Tally())
+    assert kube.deleted == ["w"]
