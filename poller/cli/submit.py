@@ -24,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from poller import api
+from poller.cli import specflags
 from poller.cli.errors import CliError, ExitCode
-from poller.settings import parse_duration
 
 __all__ = ["FLAG_FOR_FIELD", "add_arguments", "build_from_flags", "load_files", "validate"]
 
@@ -53,6 +53,8 @@ FLAG_FOR_FIELD = {
     "systemInstruction": "--system-instruction",
     "chatTemplate": "--chat-template",
     "fewshotAsMultiturn": "--fewshot-as-multiturn",
+    "baseline": "--baseline",
+    "gate": "--gate-task/--gate-metric/--max-drop/--alpha/--lower-is-better",
 }
 _DNS_SUBDOMAIN = re.compile(api.DNS_SUBDOMAIN)
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -64,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The submit flags (global flags such as -n come from the caller), by group."""
     _what_arguments(parser.add_argument_group("what to evaluate (lm_eval options)"))
     _how_arguments(parser.add_argument_group("how to run it"))
+    _gate_arguments(parser.add_argument_group("compared with a baseline (a regression gate)"))
     _object_arguments(parser.add_argument_group("the LMEvalJob object"))
     _after_arguments(parser.add_argument_group("what to do"))
 
@@ -161,6 +164,17 @@ def _how_arguments(how: argparse._ArgumentGroup) -> None:
     how.add_argument("--suspend", action="store_true", help="create it suspended")
 
 
+def _gate_arguments(gate: argparse._ArgumentGroup) -> None:
+    gate.add_argument("--baseline", metavar="JOB", help="the LMEvalJob to compare with")
+    gate.add_argument("--gate-task", metavar="TASK", help="the task whose score may not drop")
+    gate.add_argument("--gate-metric", metavar="METRIC,FILTER", help="default acc,none")
+    gate.add_argument("--max-drop", type=float, metavar="X", help="largest drop accepted (0)")
+    gate.add_argument("--alpha", type=float, metavar="P", help="significance level (0.05)")
+    gate.add_argument(
+        "--lower-is-better", action="store_true", help="the metric improves downwards"
+    )
+
+
 def _object_arguments(meta: argparse._ArgumentGroup) -> None:
     names = meta.add_mutually_exclusive_group()
     names.add_argument("--name", help="the job's name")
@@ -200,78 +214,6 @@ def _after_arguments(after: argparse._ArgumentGroup) -> None:
     after.add_argument("--timeout", help="with --wait: give up after this long (default: never)")
 
 
-def _pairs(values: list[str], flag: str) -> list[dict[str, str]]:
-    """'k=v' items (each may be a comma list) as [{name, value}]."""
-    out: list[dict[str, str]] = []
-    for value in values:
-        for item in value.split(","):
-            if not item.strip():
-                continue
-            name, sep, val = item.partition("=")
-            if not sep or not name.strip():
-                raise CliError(f"{flag} {item!r}: expected NAME=VALUE", ExitCode.USAGE)
-            out.append({"name": name.strip(), "value": val})
-    return out
-
-
-def _mapping(values: list[str], flag: str) -> dict[str, str]:
-    return {p["name"]: p["value"] for p in _pairs(values, flag)}
-
-
-def _seconds(text: str, flag: str) -> int:
-    try:
-        return max(0, round(parse_duration(text)))
-    except ValueError as error:
-        raise CliError(f"{flag}: {error}", ExitCode.USAGE) from error
-
-
-def _env_secrets(values: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for value in values:
-        env, sep, ref = value.partition("=")
-        secret, colon, key = ref.partition(":")
-        if not (sep and colon and env and secret and key):
-            raise CliError(
-                f"--env-secret {value!r}: expected ENV=SECRET:KEY, e.g. "
-                "OPENAI_API_KEY=openai-credentials:api-key",
-                ExitCode.USAGE,
-            )
-        out.append({"env": env, "secretRef": {"name": secret, "key": key}})
-    return out
-
-
-def _file_secrets(values: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for value in values:
-        secret, sep, path = value.partition(":")
-        if not (sep and secret and path):
-            raise CliError(f"--file-secret {value!r}: expected SECRET:/MOUNT/PATH", ExitCode.USAGE)
-        out.append({"secretRef": {"secretName": secret}, "mountPath": path})
-    return out
-
-
-_GIT_KEYS = ("branch", "commit", "path", "credentialsSecret")
-
-
-def _git_tasks(values: list[str]) -> list[dict[str, Any]]:
-    """--git-tasks URL,key=value,...: the URL has no comma (the schema says so)."""
-    out = []
-    for value in values:
-        url, *pairs = value.split(",")
-        source: dict[str, str] = {"url": url}
-        for pair in pairs:
-            key, sep, item = pair.partition("=")
-            if not sep or key not in _GIT_KEYS or not item:
-                raise CliError(
-                    f"--git-tasks {value!r}: after the URL, comma-separated "
-                    f"{', '.join(k + '=...' for k in _GIT_KEYS)}",
-                    ExitCode.USAGE,
-                )
-            source[key] = item
-        out.append({"git": source})
-    return out
-
-
 def _pod(args: argparse.Namespace) -> dict[str, Any]:
     pod: dict[str, Any] = {}
     resources: dict[str, dict[str, str]] = {}
@@ -284,44 +226,12 @@ def _pod(args: argparse.Namespace) -> dict[str, Any]:
     if resources:
         pod["resources"] = resources
     if args.env:
-        pod["env"] = _pairs(args.env, "--env")
+        pod["env"] = specflags.pairs(args.env, "--env")
     if args.node_selector:
-        pod["nodeSelector"] = _mapping(args.node_selector, "--node-selector")
+        pod["nodeSelector"] = specflags.mapping(args.node_selector, "--node-selector")
     if args.toleration:
-        pod["tolerations"] = [_toleration(t) for t in args.toleration]
+        pod["tolerations"] = [specflags.toleration(t) for t in args.toleration]
     return pod
-
-
-def _toleration(text: str) -> dict[str, str]:
-    """'key=value:NoSchedule', 'key:NoSchedule' or 'key=value' as a toleration."""
-    taint, _, effect = text.partition(":")
-    key, has_value, value = taint.partition("=")
-    if not key:
-        raise CliError(f"--toleration {text!r}: expected KEY[=VALUE][:EFFECT]", ExitCode.USAGE)
-    found = {"key": key, "operator": "Equal" if has_value else "Exists"}
-    if has_value:
-        found["value"] = value
-    if effect:
-        found["effect"] = effect
-    return found
-
-
-def _model_ca(text: str) -> dict[str, Any]:
-    """'configmap/NAME:KEY' or 'secret/NAME:KEY' as spec.modelTLS."""
-    kind, _, ref = text.partition("/")
-    name, _, key = ref.partition(":")
-    field = {"configmap": "configMapKeyRef", "secret": "secretKeyRef"}.get(kind.lower())
-    if field is None or not name or not key:
-        raise CliError(
-            f"--model-ca {text!r}: expected configmap/NAME:KEY or secret/NAME:KEY", ExitCode.USAGE
-        )
-    return {"caBundle": {field: {"name": name, "key": key}}}
-
-
-def _chat_template(name: str | None) -> dict[str, Any] | None:
-    if name is None:
-        return None
-    return {"enabled": True, "name": name} if name else {"enabled": True}
 
 
 def _slug(text: str) -> str:
@@ -338,26 +248,33 @@ def build_from_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise CliError("at least one --task is required", ExitCode.USAGE)
     spec: dict[str, Any] = {"model": args.model, "tasks": tasks}
     optional: dict[str, Any] = {
-        "modelArgs": _pairs(args.model_arg, "--model-arg"),
+        "modelArgs": specflags.pairs(args.model_arg, "--model-arg"),
         "limit": args.limit,
         "numFewShot": args.num_fewshot,
         "batchSize": args.batch_size,
-        "genArgs": _pairs(args.gen_arg, "--gen-arg"),
+        "genArgs": specflags.pairs(args.gen_arg, "--gen-arg"),
         "logSamples": True if args.log_samples else None,
-        "customTasks": [{"configMap": c} for c in args.custom_tasks] + _git_tasks(args.git_tasks),
-        "envSecrets": _env_secrets(args.env_secret),
-        "fileSecrets": _file_secrets(args.file_secret),
+        "customTasks": [{"configMap": c} for c in args.custom_tasks]
+        + specflags.git_tasks(args.git_tasks),
+        "envSecrets": specflags.env_secrets(args.env_secret),
+        "fileSecrets": specflags.file_secrets(args.file_secret),
         "pod": _pod(args),
         "outputs": {"pvcName": args.output_pvc} if args.output_pvc else None,
-        "activeDeadlineSeconds": _seconds(args.deadline, "--deadline") if args.deadline else None,
-        "ttlSecondsAfterFinished": _seconds(args.ttl, "--ttl") if args.ttl else None,
+        "activeDeadlineSeconds": specflags.seconds(args.deadline, "--deadline")
+        if args.deadline
+        else None,
+        "ttlSecondsAfterFinished": specflags.seconds(args.ttl, "--ttl") if args.ttl else None,
         "allowOnline": True if args.allow_online else None,
         "allowCodeExecution": True if args.allow_code_execution else None,
         "suspend": True if args.suspend else None,
-        "modelTLS": _model_ca(args.model_ca) if args.model_ca else None,
+        "modelTLS": specflags.model_ca(args.model_ca) if args.model_ca else None,
         "systemInstruction": args.system_instruction,
-        "chatTemplate": _chat_template(args.chat_template),
+        "chatTemplate": specflags.chat_template(args.chat_template),
         "fewshotAsMultiturn": True if args.fewshot_as_multiturn else None,
+        "baseline": args.baseline,
+        "gate": specflags.gate(
+            args.gate_task, args.gate_metric, args.max_drop, args.alpha, args.lower_is_better
+        ),
     }
     spec.update({k: v for k, v in optional.items() if v not in (None, [], {})})
     metadata: dict[str, Any] = {}
@@ -366,7 +283,7 @@ def build_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     else:
         metadata["generateName"] = args.generate_name or f"{_slug(args.model)}-"
     if args.label:
-        metadata["labels"] = _mapping(args.label, "--label")
+        metadata["labels"] = specflags.mapping(args.label, "--label")
     return {
         "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
         "kind": api.KIND,

@@ -6,8 +6,10 @@ stamps a whole file with one timestamp); score rows and the headline score
 skip stderr and metadata keys and keep the job's task order; kubectl-style
 ages; ``ns/name`` and ``lmevaljob/name`` references; RBAC messages parsed
 from the apiserver's wording, namespaced and cluster-wide; flag parsing for
-tolerations and secrets; timeouts; the regression gate in ``lmeval get``'s
-summary of the spec.
+tolerations and secrets; the regression gate's flags (``--baseline``,
+``--gate-task`` and what refines it) into spec.gate, refused without a task
+or a baseline, naming the flags; timeouts; the regression gate in ``lmeval
+get``'s summary of the spec.
 """
 
 from __future__ import annotations
@@ -209,6 +211,36 @@ def test_flag_parsing() -> None:
         submit.validate(submit.build_from_flags(_flags(fewshot_as_multiturn=True)), from_flags=True)
     assert follow.timeout_seconds("1m30s") == 90
     assert follow.timeout_seconds(None) is None
+
+
+def test_gate_flags() -> None:
+    parser = argparse.ArgumentParser()
+    submit.add_arguments(parser)
+    argv = ["--model", "dummy", "--task", "arc_easy", "--baseline", "prod", "--gate-task"]
+    argv += ["arc_easy", "--gate-metric", "acc_norm,none", "--max-drop", "0.01", "--alpha", "0.01"]
+    job = submit.build_from_flags(parser.parse_args([*argv, "--lower-is-better"]))
+    assert job["spec"]["baseline"] == "prod"
+    assert job["spec"]["gate"] == {
+        "task": "arc_easy",
+        "metric": "acc_norm,none",
+        "maxDrop": 0.01,
+        "alpha": 0.01,
+        "higherIsBetter": False,
+    }
+    submit.validate(job, from_flags=True)
+    gate = api.LMEvalJobSpec.model_validate(job["spec"]).gate
+    assert gate is not None and gate.max_drop == 0.01 and gate.higher_is_better is False
+    # Only the task: the defaults are the API's.
+    plain = submit.build_from_flags(_flags(baseline="prod", gate_task="arc_easy"))
+    assert plain["spec"]["gate"] == {"task": "arc_easy"}
+    with pytest.raises(CliError, match="give --gate-task TASK") as refused:
+        submit.build_from_flags(_flags(baseline="prod", max_drop=0.02))
+    assert refused.value.code == ExitCode.USAGE
+    with pytest.raises(CliError, match=r"spec.gate needs spec.baseline"):
+        submit.validate(submit.build_from_flags(_flags(gate_task="t")), from_flags=True)
+    with pytest.raises(CliError, match=r"spec.gate.alpha \(--gate-task/--gate-metric"):
+        bad = submit.build_from_flags(_flags(baseline="prod", gate_task="t", alpha=1.5))
+        submit.validate(bad, from_flags=True)
 
 
 def test_get_shows_the_commits_of_git_task_sources() -> None:
