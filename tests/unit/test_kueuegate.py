@@ -276,6 +276,13 @@ def test_workload_names_are_deterministic_and_valid() -> None:
     assert kueuegate.workload_name("eval", "a") != kueuegate.workload_name("eval", "b")
 
 
+class _NoCounts:
+    """A cycle's tally that nothing here may add to (no pod, no job status)."""
+
+    def add(self, *, patches: int = 0, pods_created: int = 0) -> None:
+        raise AssertionError("nothing to count")
+
+
 class _StaleKube:
     """Kueue wrote the workload since it was listed: every status patch is stale."""
 
@@ -291,12 +298,8 @@ def test_a_stale_workload_write_is_decided_again_next_cycle() -> None:
     kube = _StaleKube()
     actuator = Actuator(kube, None, None, lambda: None)  # type: ignore[arg-type]
 
-    class Tally:
-        def add(self, *, patches: int = 0, pods_created: int = 0) -> None:
-            raise AssertionError("nothing to count")
-
     patch = PatchWorkloadStatus("w", {"conditions": []}, "7")
-    actuator.carry_out(job(), Decision([patch]), SETTINGS, NOW, Tally())
+    actuator.carry_out(job(), Decision([patch]), SETTINGS, NOW, _NoCounts())
     assert kube.calls == 1  # tried once, no error raised
 
 
@@ -378,14 +381,12 @@ def test_a_refused_best_effort_workload_write_does_not_stop_what_follows() -> No
     kube = _RefusingKube()
     actuator = Actuator(kube, None, None, lambda: None)  # type: ignore[arg-type]
 
-    class Tally:
-        def add(self, *, patches: int = 0, pods_created: int = 0) -> None:
-            raise AssertionError("nothing to count")
-
     patch = PatchWorkloadStatus("w", {"conditions": []}, "7", best_effort=True)
-    actuator.carry_out(job(), Decision([patch, DeleteWorkload("w")]), SETTINGS, NOW, Tally())
+    actuator.carry_out(job(), Decision([patch, DeleteWorkload("w")]), SETTINGS, NOW, _NoCounts())
     assert kube.deleted == ["w"]
     strict = replace(patch, best_effort=False)
     with pytest.raises(ApiError, match="InternalError"):
-        actuator.carry_out(job(), Decision([strict, DeleteWorkload("w")]), SETTINGS, NOW, Tally())
+        actuator.carry_out(
+            job(), Decision([strict, DeleteWorkload("w")]), SETTINGS, NOW, _NoCounts()
+        )
     assert kube.deleted == ["w"]
