@@ -101,8 +101,14 @@ def _dumps(value: Any) -> str:
 # "configs" (dataset paths and kwargs), up to this many bytes of JSON in all.
 # Redacting costs up to 0.7 s a MB of text made to be slow (a key pattern tried
 # at every position), and the rest is an echo: past the budget a task's
-# config is replaced by a note rather than kept unscanned.
+# config is left out (and counted) rather than kept unscanned. So is every
+# task config past the first ECHO_SCAN_TASKS (lm_eval's largest suites have a few
+# hundred tasks; 150,000 tiny ones, which the bytes allow, cost 1.4 s).
 ECHO_SCAN_BUDGET = 1024 * 1024
+ECHO_SCAN_TASKS = 2000
+# The key under which "configs" says how many task configs were left out.
+OMITTED_KEY = "(omitted)"
+_PAST = "past the secret scan's budget"
 
 
 def without_secrets(found: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,29 +116,33 @@ def without_secrets(found: Mapping[str, Any]) -> dict[str, Any]:
 
     lm_eval copies ``--model_args`` into ``config.model_args`` and dataset URLs
     into ``configs``: API keys, tokens and URL passwords a job's author put
-    there. status.results and the results ConfigMap are read by more people
-    than may read the job's spec (ConfigMap readers, dashboards, `lmeval
-    results`), so both get this copy (driver.argv's redaction, the same as the
-    started marker's argv). Scores, hashes and counts are untouched. Pure.
+    there. The results ConfigMap is read by more people than may read the
+    job (any ConfigMap reader of the namespace, `lmeval results`), and
+    status.results travels in every LIST of jobs, so both get this copy
+    (driver.argv's redaction, the same as the started marker's argv).
+    Scores, hashes and counts are untouched. Pure.
     """
     cleaned = dict(found)
     budget = ECHO_SCAN_BUDGET
-
-    def scanned(what: str, value: Any) -> Any:
-        nonlocal budget
-        size = len(_dumps(value))
-        budget -= size
-        if budget < 0:
-            return f"(omitted: {size} bytes of {what}, past the secret scan's budget)"
-        return redact_json(value)
-
     if "config" in found:
-        cleaned["config"] = scanned("config", found["config"])
+        size = len(_dumps(found["config"]))
+        budget -= size
+        cleaned["config"] = (
+            redact_json(found["config"]) if budget >= 0 else f"(omitted: {size} bytes, {_PAST})"
+        )
     configs = found.get("configs")
-    if isinstance(configs, dict):
-        cleaned["configs"] = {task: scanned(task, entry) for task, entry in configs.items()}
-    elif "configs" in found:
-        cleaned["configs"] = scanned("configs", configs)
+    if "configs" in found and not isinstance(configs, dict):
+        cleaned["configs"] = "(omitted: not a mapping of task configs)"
+    elif isinstance(configs, dict):
+        kept: dict[str, Any] = {}
+        for task, entry in configs.items():
+            budget -= len(_dumps(entry))
+            if len(kept) == ECHO_SCAN_TASKS or budget < 0:
+                break
+            kept[task] = redact_json(entry)
+        if len(kept) < len(configs):
+            kept[OMITTED_KEY] = f"{len(configs) - len(kept)} task configs, {_PAST}"
+        cleaned["configs"] = kept
     return cleaned
 
 

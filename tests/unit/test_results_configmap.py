@@ -9,8 +9,8 @@ told by `ownership.controller_uid`, which the results, items and task
 snapshot readers use alike. And `without_secrets`: lm_eval's echo of
 model_args (a string or a dict) and of task configs' dataset URLs keeps
 nothing secret, the scores and everything without a secret stay exactly as
-written, and past the scan's budget a config is replaced by a note, not
-kept unscanned.
+written, and past the scan's budget (bytes, or task configs) a config is
+left out and counted, never kept unscanned.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_results_without_secrets_are_unchanged() -> None:
     assert results.without_secrets(clean) == clean
 
 
-def test_configs_past_the_scan_budget_are_replaced_by_a_note() -> None:
+def test_configs_past_the_scan_budget_are_left_out_and_counted() -> None:
     big = "x" * (results.ECHO_SCAN_BUDGET // 2)
     found = {
         "config": {"model_args": "api_key=SECRET-6"},
@@ -133,7 +133,18 @@ def test_configs_past_the_scan_budget_are_replaced_by_a_note() -> None:
     }
     shown = results.without_secrets(found)
     assert shown["configs"]["a"] == {"doc_to_text": big}
-    for task in ("b", "c"):
-        note = shown["configs"][task]
-        assert isinstance(note, str) and "past the secret scan's budget" in note, note
+    assert set(shown["configs"]) == {"a", results.OMITTED_KEY}
+    assert shown["configs"][results.OMITTED_KEY].startswith("2 task configs, past")
+    assert "SECRET" not in json.dumps(shown)
+    # A config that alone is over the budget is left out as a whole.
+    huge = {"config": {"model_args": "api_key=SECRET-9," + big + big}}
+    assert "SECRET" not in json.dumps(results.without_secrets(huge))
+
+
+def test_task_configs_past_the_count_are_left_out_and_counted() -> None:
+    configs = {f"t{i}": {"dataset_path": "https://u:SECRET@h/d"} for i in range(2500)}
+    shown = results.without_secrets({"configs": configs})["configs"]
+    assert len(shown) == results.ECHO_SCAN_TASKS + 1
+    assert shown[results.OMITTED_KEY] == "500 task configs, past the secret scan's budget"
+    assert shown["t0"] == {"dataset_path": "https://u:***@h/d"}
     assert "SECRET" not in json.dumps(shown)
