@@ -31,7 +31,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from poller import api
-from poller.retained import GateSeries, JobSeries, series_of
+from poller.jobseries import GateSeries, JobSeries, series_of
 from poller.views import JobView
 
 __all__ = ["STATES", "JobCollector", "JobFamilyPart"]

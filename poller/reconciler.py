@@ -52,12 +52,13 @@ from poller.act import Actuator
 from poller.actions import Decision, Needs
 from poller.gate import GateView
 from poller.identity import PodProof, load_pod_proof
+from poller.jobseries import JobSeries
 from poller.kube import Kube
 from poller.kueuegate import KueueView
 from poller.observe import Observed, Observer
 from poller.podreads import PodReads
 from poller.queue import plan_queue
-from poller.retained import JobSeries, RetainedJobs, record_of
+from poller.retained import RetainedJobs, record_of
 from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.statuswrites import StatusWrites
 from poller.sweep import FinishedSweep, SweepReport

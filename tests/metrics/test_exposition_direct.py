@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from poller import jobmetrics
 from poller.jobmetrics import JobCollector, JobFamilyPart
+from poller.jobseries import GateSeries, JobSeries, _layout, _pack
 from poller.metrics import exposition_app
 from poller.results import Score
-from poller.retained import GateSeries, JobSeries, _layout, _pack
 
 AWKWARD = 'llama "7b"\\q\nnew line'
 

@@ -24,13 +24,13 @@ import random
 import tracemalloc
 from typing import Any
 
+from poller.jobseries import series_of
 from poller.retained import (
     FinishedRecord,
     JobKey,
     RetainedJobs,
     expires_at,
     record_of,
-    series_of,
 )
 from poller.views import JobView
 
