@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from poller.sandbox.components import free_port
 from tests.waiting import wait_for
 
-__all__ = ["GitDaemon", "GitHttp", "commit_files", "free_port", "git"]
+__all__ = ["GitDaemon", "GitHttp", "commit_files", "git"]
 
 _IDENTITY = ["-c", "user.name=Test", "-c", "user.email=test@example.invalid"]
 
@@ -44,13 +45,6 @@ def commit_files(work: Path, files: dict[str, str], message: str) -> str:
     git("add", "-A", cwd=work)
     git("commit", "-q", "-m", message, cwd=work)
     return git("rev-parse", "HEAD", cwd=work)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _listening(port: int, host: str = "127.0.0.1") -> bool:
