@@ -31,6 +31,7 @@ from poller import api, kubepages, timefmt
 from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
 from poller.kubereads import JOBS_API, KUEUE_API, PAGE_SIZE, JobsPage, KubeReads, LogTail
 from poller.ownership import controller_uid
+from poller.views import controller_reference
 
 __all__ = [
     "PAGE_SIZE",
@@ -307,6 +308,5 @@ class Kube(KubeReads):
 
 
 def _controller_text(obj: dict[str, Any]) -> str:
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    owner: dict[str, Any] = next((o for o in owners if o.get("controller")), {})
+    owner = controller_reference(obj.get("metadata") or {})
     return f"{owner.get('kind', 'its owner')} {owner.get('name', '')} (uid {owner.get('uid')})"

@@ -51,7 +51,7 @@ from typing_extensions import TypedDict
 
 from poller import api, podspec
 from poller.timefmt import format_time
-from poller.views import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL
+from poller.views import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, controller_reference
 
 __all__ = [
     "KUEUE_GROUP",
@@ -141,9 +141,7 @@ class WorkloadView:
         meta = obj.get("metadata") or {}
         status = obj.get("status") or {}
         admission = status.get("admission") or None
-        owner: dict[str, Any] = next(
-            (o for o in meta.get("ownerReferences") or [] if o.get("controller")), {}
-        )
+        owner = controller_reference(meta)
         flavors: list[str] = []
         if admission:
             for assignment in admission.get("podSetAssignments") or []:

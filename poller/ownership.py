@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from poller.views import JobView, PodView
+from poller.views import JobView, PodView, controller_reference
 
 __all__ = ["PodTrust", "controller_uid", "foreign_pod_message", "judge_pod"]
 
@@ -77,8 +77,5 @@ def foreign_pod_message(pod: PodView, why: str) -> str:
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
     """The UID of the object's controller (the ownerReference marked controller), if any."""
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return next(
-        (str(o.get("uid")) for o in owners if isinstance(o, Mapping) and o.get("controller")),
-        None,
-    )
+    owner = controller_reference(obj.get("metadata") or {})
+    return str(owner.get("uid")) if owner else None

@@ -13,7 +13,7 @@ a field a view starts reading must be added there too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "PodView",
     "ProofCheck",
     "QueueSlot",
+    "controller_reference",
 ]
 
 
@@ -228,6 +229,12 @@ class JobView:
         )
 
 
+def controller_reference(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The ownerReference of `meta` marked controller (the apiserver allows one), or {}."""
+    owners = meta.get("ownerReferences") or []
+    return next((o for o in owners if isinstance(o, Mapping) and o.get("controller")), {})
+
+
 def _label(meta: dict[str, Any], key: str) -> str:
     labels = meta.get("labels")
     value = labels.get(key) if isinstance(labels, dict) else None
@@ -335,10 +342,7 @@ class PodView:
             (c for c in status.get("containerStatuses") or [] if c.get("name") == main_container),
             None,
         )
-        owner: dict[str, Any] = next(
-            (o for o in meta.get("ownerReferences") or [] if o.get("controller")),
-            {},
-        )
+        owner = controller_reference(meta)
         return cls(
             name=meta.get("name", ""),
             namespace=meta.get("namespace", ""),
