@@ -28,6 +28,7 @@ __all__ = [
     "ENV_CA_BUNDLE",
     "ENV_OUTPUT_ROOT",
     "ENV_RUN_ID",
+    "ENV_SAFE_PATH",
     "EVENT_CANCELLED",
     "EVENT_COMPLETED",
     "EVENT_FAILED",
@@ -114,6 +115,10 @@ ENV_RUN_ID = "LMEVAL_RUN_ID"
 # driver adds it to the image's own and points the child's HTTP clients at
 # the result (driver.trust).
 ENV_CA_BUNDLE = "LMEVAL_CA_BUNDLE"
+# Python's switch that keeps the working directory (and a script's) off the
+# front of sys.path: the driver sets it for the child whatever its argv says,
+# since lm_eval's working directory may be a view of a shared cache.
+ENV_SAFE_PATH = "PYTHONSAFEPATH"
 
 
 def driver_command(python: str | None = None) -> list[str]:

@@ -3,10 +3,12 @@
 Why this module exists: before the child can start, the driver checks the
 command line it was given, creates the run's own directory, opens the log
 copy, and builds what the child's environment and working directory need:
-the TLS trust bundle for the model endpoint (:mod:`driver.trust`), the Git
-task sources' commits (:mod:`driver.provenance`) and the view of the Hugging
-Face hub cache's datasets for offline runs (:mod:`driver.hubview`). Each of
-these steps may refuse the run with a driver error before any child exists.
+Python's safe-path switch, always (lm_eval imports nothing from its working
+directory), and, when asked for, the TLS trust bundle for the model endpoint
+(:mod:`driver.trust`), the Git task sources' commits (:mod:`driver.provenance`)
+and the view of the Hugging Face hub cache's datasets for offline runs
+(:mod:`driver.hubview`). Each of these steps may refuse the run with a driver
+error before any child exists.
 They are kept apart from :mod:`driver.run`, which supervises the running
 child and reports its fate, so that module stays about the run.
 
@@ -28,7 +30,13 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from driver.argv import find_output_path_flag, valid_run_id
 from driver.child import Sink
-from driver.contract import DRIVER_PROGRAM, END_OF_OPTIONS, ENV_CA_BUNDLE, OPT_OUTPUT_ROOT
+from driver.contract import (
+    DRIVER_PROGRAM,
+    END_OF_OPTIONS,
+    ENV_CA_BUNDLE,
+    ENV_SAFE_PATH,
+    OPT_OUTPUT_ROOT,
+)
 from driver.provenance import read_task_sources
 
 if TYPE_CHECKING:  # the protocol module is imported once the child runs
@@ -39,6 +47,11 @@ __all__ = ["DEFAULT_OUTPUT_ROOT", "Preparation", "RunOptions"]
 DEFAULT_OUTPUT_ROOT = "/tmp/lmeval-output"  # noqa: S108 - an emptyDir in the pod
 # The datasets view lists this many names in its note; a cache may hold hundreds.
 SHOWN_DATASETS = 20
+
+
+def _shown(names: list[str]) -> str:
+    """At most SHOWN_DATASETS of `names`, for a note."""
+    return ", ".join(names[:SHOWN_DATASETS]) + (", ..." if len(names) > SHOWN_DATASETS else "")
 
 
 class RunOptions:
@@ -96,7 +109,10 @@ class Preparation:
         self._stdout_fd, self._stderr_fd = stdout_fd, stderr_fd
         self.sink = Sink(stdout_fd, stderr_fd)
         self.log_copy: BinaryIO | None = None  # closed by the run, at its very end
-        self.child_env: dict[str, str] | None = None  # None: the driver's own
+        # The driver's own, with Python's safe-path switch whatever the child's
+        # argv says: lm_eval's working directory may be the view of a shared
+        # cache (--hub-datasets), and nothing there may be imported.
+        self.child_env: dict[str, str] = {**os.environ, ENV_SAFE_PATH: "1"}
         self.task_sources: list[TaskSourceFields] | None = None  # with --task-sources
         self.child_cwd: str | None = None  # --hub-datasets: the view of the cache
 
@@ -144,7 +160,7 @@ class Preparation:
             bundle, problem = trust.combined_bundle(extra_ca, temp, self.run_id)
             if bundle is None:
                 return problem
-            self.child_env = trust.child_env(bundle)
+            self.child_env = trust.child_env(bundle, self.child_env)
         if self.opts.hub_datasets:
             return self._hub_view(self.opts.hub_datasets)
         return None
@@ -158,13 +174,17 @@ class Preparation:
         try:
             # Set before the view is built: a half-built one is removed with the run.
             self.child_cwd = tempfile.mkdtemp(prefix="lmeval-hub-datasets-")
-            exposed = build_view(hub_cache, self.child_cwd)
+            view = build_view(hub_cache, self.child_cwd)
         except OSError as exc:
             return f"cannot expose the datasets of {hub_cache}: {exc}"
-        shown = ", ".join(exposed[:SHOWN_DATASETS])
-        if len(exposed) > SHOWN_DATASETS:
-            shown += ", ..."
-        self.sink.note(f"{len(exposed)} dataset(s) of {hub_cache} exposed: {shown or 'none'}")
+        self.sink.note(
+            f"{len(view.names)} dataset(s) of {hub_cache} exposed: {_shown(view.names) or 'none'}"
+        )
+        if view.refused:
+            self.sink.note(
+                f"{len(view.refused)} repository(ies) of {hub_cache} not exposed, because they "
+                f"hold Python code, not data: {_shown(view.refused)}"
+            )
         return None
 
     def remove_view(self) -> None:

@@ -189,9 +189,7 @@ class Run:
         if self._models is None and self.started_fields is not None:
             from driver.provenance import server_models
 
-            self._models = server_models(
-                self.opts.child_argv, self.prep.child_env or os.environ, self.sink
-            )
+            self._models = server_models(self.opts.child_argv, self.prep.child_env, self.sink)
         return self._models or None
 
     def driver_error(self, message: str) -> int:

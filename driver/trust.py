@@ -23,6 +23,7 @@ names the field, not a TLS failure later.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 # What a failed check says first; the poller shows it as the job's message.
 FIELD = "spec.modelTLS.caBundle"
@@ -84,6 +85,7 @@ def combined_bundle(extra: str, directory: str, stem: str) -> tuple[str | None, 
     return target, None
 
 
-def child_env(bundle: str) -> dict[str, str]:
-    """The child's environment: this one, with both clients pointed at `bundle`."""
-    return {**os.environ, **dict.fromkeys(CA_ENV, bundle)}
+def child_env(bundle: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: `base` (this one by default), with both clients
+    pointed at `bundle`."""
+    return {**(os.environ if base is None else base), **dict.fromkeys(CA_ENV, bundle)}

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from poller import podspec, tasksnapshot
+from poller import api, podspec, podstorage, results, tasksnapshot
 from poller.actions import (
     ArchiveLog,
     CreatePod,
@@ -49,8 +49,8 @@ from poller.kube import ApiError, Conflict, Kube, NotOwned
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod
 from poller.podreads import PodReads
 from poller.settings import Settings
-from poller.statuswrites import StatusWrites, with_outcome_of_actions
-from poller.views import JobView, PodView
+from poller.statuswrites import AdmittedPod, StatusWrites, with_outcome_of_actions
+from poller.views import JobView, PodView, controller_reference, pod_fingerprint
 
 __all__ = ["Actuator", "Tally", "refused_for_good"]
 
@@ -100,12 +100,12 @@ class Actuator:
     ) -> JobView:
         """Perform `decision`'s actions in order; returns the job as it now stands."""
         current = job
-        pod_uid: str | None = None
+        pod: AdmittedPod | None = None
         store_problem: str | None = None
         for action in decision.actions:
             if isinstance(action, CreatePod):
-                pod_uid = self._create_pod(job, action, settings, now, tally)
-                if pod_uid is None:
+                pod = self._create_pod(job, action, settings, now, tally)
+                if pod is None:
                     return current
             elif isinstance(action, StoreResults):
                 store_problem = self._store_results(action)
@@ -118,7 +118,10 @@ class Actuator:
             elif isinstance(action, ReleaseHold):
                 self.reads.release(job, action)
             elif isinstance(action, PatchStatus):
-                action = with_outcome_of_actions(action, pod_uid, store_problem)
+                action = with_outcome_of_actions(action, pod, store_problem)
+                ends = action.status.state == JobState.COMPLETE
+                if ends and job.status.state != JobState.COMPLETE:
+                    self._release_kept_claim(job)  # before the status says it ended
                 if self.writes.patch(job, action):
                     current = replace(job, status=action.status)
                 tally.add(patches=1)
@@ -163,6 +166,8 @@ class Actuator:
         if job.deleting or job.status.state == JobState.COMPLETE:
             return  # nothing left to end: its TTL and deletion go on
         log.error("ending LMEvalJob %s/%s: %s", job.namespace, job.name, message)
+        with contextlib.suppress(Exception):  # the job must end even if this fails
+            self._release_kept_claim(job)
         tally.add(patches=self.writes.end_failed(job, now, message))
         if pod is not None and judge_pod(job, pod)[0] is not PodTrust.FOREIGN:
             # A job that ended must not leave its evaluation running.
@@ -176,15 +181,22 @@ class Actuator:
         settings: Settings,
         now: dt.datetime,
         tally: Tally,
-    ) -> str | None:
-        """Create the job pod (stamped with its proof of origin); its UID, or None
-        when the job could not get it (the job was failed, saying why)."""
+    ) -> AdmittedPod | None:
+        """Create the job pod (stamped with its proof of origin); its UID and
+        fingerprint as admitted, or None when the job could not get it (the job
+        was failed, saying why)."""
         # Custom tasks: checked for code and frozen into the job's snapshots.
         problem = tasksnapshot.prepare_custom_tasks(self.kube, job, settings)
+        cause = None
+        if problem is None and (problem := self._results_configmap_problem(job)) is not None:
+            cause = "ForeignObject"
         if problem is None and action.claim is not None:
-            problem = self._outputs_claim(job, action.claim)
+            problem, cause = self._outputs_claim(job, action.claim)
+        elif problem is not None:
+            # Ours, made by an earlier attempt: what that attempt wrote there stays.
+            self._release_kept_claim(job)
         if problem is not None:
-            tally.add(patches=self.writes.fail(job, now, problem))
+            tally.add(patches=self.writes.fail(job, now, problem, cause=cause))
             return None
         manifest = self.pod_proof().stamp(action.manifest, job.uid, action.attempt)
         try:
@@ -192,26 +204,75 @@ class Actuator:
         except ApiError as error:
             # Refused for good (admission, quota, invalid): the job cannot run.
             message = f"the job pod was refused: {refused_for_good(error)}"
+            self._release_kept_claim(job)  # what an earlier attempt wrote there stays
             tally.add(patches=self.writes.fail(job, now, message))
             return None
         if created is not None:
             tally.add(pods_created=1)
-            return created
+            meta = created.get("metadata") or {}
+            return AdmittedPod(str(meta.get("uid") or ""), pod_fingerprint(created.get("spec")))
         return self._existing_pod(job, manifest["metadata"]["name"], now, tally)
 
-    def _outputs_claim(self, job: JobView, claim: dict[str, Any]) -> str | None:
-        """Make the job's outputs claim (outputs.pvcManaged); why it cannot be, or None."""
+    def _outputs_claim(self, job: JobView, claim: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Make the job's outputs claim (outputs.pvcManaged); why it cannot be (and
+        the failure's cause), or None.
+
+        A claim of that name already there is this job's only when the job is
+        its controller (made by an earlier attempt, or before a crash): anyone
+        may create a claim under the name, which all who can read the job can
+        compute, and it would receive the job's samples and log.
+        """
         name = claim["metadata"]["name"]
         try:
             found = self.kube.create_claim(claim)
         except ApiError as error:
-            return f"the outputs claim {name} was refused: {refused_for_good(error)}"
-        labels = ((found or {}).get("metadata") or {}).get("labels") or {}
-        if found is None or labels.get(podspec.LABEL_JOB_UID) == job.uid:
-            return None  # made now, or by this job's earlier attempt
-        return f"PersistentVolumeClaim {name} exists and is not this job's outputs claim"
+            return f"the outputs claim {name} was refused: {refused_for_good(error)}", None
+        if found is None:
+            return None, None  # made now
+        why = podstorage.not_the_jobs(found, job.uid)
+        if why is None:
+            return None, None  # made for this job before: adopted
+        log.warning("claim %s/%s squats %s's outputs claim: %s", job.namespace, name, job.name, why)
+        message = podstorage.foreign_object_message(
+            "PersistentVolumeClaim", name, job.namespace, "outputs claim", why
+        )
+        return message, "ForeignObject"
 
-    def _existing_pod(self, job: JobView, name: str, now: dt.datetime, tally: Tally) -> str | None:
+    def _results_configmap_problem(self, job: JobView) -> str | None:
+        """Why the job cannot start because its results ConfigMap's name is taken by a
+        ConfigMap that is not the job's (None when free, or the job's own).
+
+        Checked before any pod exists: the results and the log archive would
+        never be written there (`Kube.apply_configmap`), and the job should
+        not run to find that out.
+        """
+        name = results.results_configmap_name(job.name)
+        found = self.kube.read_configmap(job.namespace, name)
+        if found is None or (why := podstorage.not_the_jobs(found, job.uid)) is None:
+            return None
+        owner = controller_reference(found.get("metadata") or {})
+        if owner.get("kind") == api.KIND and owner.get("name") == job.name:
+            # A former job of this name (deleted, then created again): the
+            # garbage collector deletes its ConfigMap. Decided again next cycle.
+            raise Conflict(f"ConfigMap {job.namespace}/{name} is a former job's: waiting for GC")
+        log.warning("ConfigMap %s/%s squats %s's results: %s", job.namespace, name, job.name, why)
+        return podstorage.foreign_object_message(
+            "ConfigMap", name, job.namespace, "results ConfigMap", why
+        )
+
+    def _release_kept_claim(self, job: JobView) -> None:
+        """outputs.pvcManaged with keep: the job's claim stops being controlled by
+        it, so it outlives the job (the garbage collector would delete it)."""
+        name = podstorage.kept_claim(job.spec, job.name, job.uid)
+        if name is None:
+            return
+        owners = [podstorage.owner_reference(job.name, job.uid)]
+        if self.kube.release_claim(job.namespace, name, owners):
+            log.info("released kept claim %s/%s from %s", job.namespace, name, job.name)
+
+    def _existing_pod(
+        self, job: JobView, name: str, now: dt.datetime, tally: Tally
+    ) -> AdmittedPod | None:
         """The name was taken: adopt the pod if this poller made it, else fail the job.
 
         Found by name whatever its labels: a squatter without the poller's
@@ -227,10 +288,16 @@ class Actuator:
         if trust is PodTrust.FOREIGN:
             log.warning("pod %s/%s squats %s's pod name: %s", job.namespace, name, job.name, why)
             message = foreign_pod_message(pod, why)
+            self._release_kept_claim(job)
             tally.add(patches=self.writes.fail(job, now, message, cause="ForeignPod"))
             return None
+        if trust is PodTrust.ALTERED:
+            # Ours, but changed before it was ever recorded: the next cycle's
+            # decision fails the job and deletes it.
+            log.warning("pod %s/%s was changed after admission: %s", job.namespace, name, why)
+            return AdmittedPod(pod.uid, "")
         log.info("adopting existing pod %s for %s/%s", name, job.namespace, job.name)
-        return pod.uid
+        return AdmittedPod(pod.uid, pod.fingerprint)
 
     def _store_results(self, action: StoreResults) -> str | None:
         """Write the results ConfigMap; why it could not be, when that is for good.

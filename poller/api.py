@@ -74,6 +74,7 @@ from poller.apibase import (
     SecretKeyRef,
     SecretVolumeRef,
     _Model,
+    job_owner_reference,
 )
 from poller.apigate import DEFAULT_GATE_METRIC, GATE_METRIC, GateStatus, RegressionGate
 from poller.apipod import (
@@ -237,6 +238,7 @@ __all__ = [
     "TaskSourceStatus",
     "Toleration",
     "WeightedPodAffinityTerm",
+    "job_owner_reference",
 ]
 
 
@@ -263,14 +265,30 @@ _GATE_RULES: list[JsonValue] = [
 ]
 
 
+# trust_remote_code in spec.modelArgs runs the model repository's Python: it
+# needs spec.allowCodeExecution (which itself needs the setting, podargv).
+_REMOTE_CODE_RULE: dict[str, JsonValue] = dict(rules.remote_code_rule())
+
+
+def _remote_code(spec: LMEvalJobSpec) -> str | None:
+    pairs = [(pair.name, pair.value) for pair in spec.model_args or []]
+    return rules.remote_code_problem(pairs, spec.allow_code_execution)
+
+
 class LMEvalJobSpec(_Model):
     """What to evaluate and how the job pod may look."""
 
-    model_config = ConfigDict(json_schema_extra={rules.VALIDATIONS: [_FEWSHOT_RULE, *_GATE_RULES]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            rules.VALIDATIONS: [_FEWSHOT_RULE, *_GATE_RULES, _REMOTE_CODE_RULE],
+        }
+    )
 
     @model_validator(mode="after")
     def _chat_options_agree(self) -> LMEvalJobSpec:
         if (problem := _fewshot_needs_chat(self)) is not None:
+            raise ValueError(problem)
+        if (problem := _remote_code(self)) is not None:
             raise ValueError(problem)
         if self.gate is not None and self.baseline is None:
             raise ValueError("spec.gate needs spec.baseline (the LMEvalJob to compare with)")
@@ -397,8 +415,8 @@ class LMEvalJobSpec(_Model):
     allow_code_execution: bool | None = Field(
         default=None,
         description="Allow code that is not in the image: tasks that execute model-written "
-        "code, and custom tasks that name Python. Needs allow-code-execution in the poller "
-        "settings too.",
+        "code, custom tasks that name Python, and trust_remote_code in modelArgs. Needs "
+        "allow-code-execution in the poller settings too.",
     )
     model_tls: ModelTLS | None = Field(
         default=None,

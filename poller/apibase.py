@@ -57,6 +57,7 @@ __all__ = [
     "ResourceName",
     "SecretKeyRef",
     "SecretVolumeRef",
+    "job_owner_reference",
 ]
 
 
@@ -65,6 +66,21 @@ API_VERSION = "v1beta1"
 KIND = "LMEvalJob"
 PLURAL = "lmevaljobs"
 SHORT_NAME = "lmej"
+
+
+def job_owner_reference(job_name: str, job_uid: str) -> dict[str, object]:
+    """The job as controller: what every object the poller makes for a job carries
+    (its pod, results and task-snapshot ConfigMaps, its managed claim), and the
+    only way the poller recognises them (`poller.ownership.controller_uid`)."""
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": job_name,
+        "uid": job_uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
 
 # Names that reach lm_eval's argv: a letter or digit first, never "-".
 ARGV_WORD = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$"

@@ -54,7 +54,9 @@ class GateStatus(_Model):
 
     baseline: str = Field(description="spec.baseline when this was decided.")
     baseline_uid: str | None = Field(
-        default=None, description="The baseline job's UID compared with."
+        default=None,
+        description="The UID of the baseline object this outcome is for: a verdict stays bound "
+        "to it, whatever is later deleted or created under spec.baseline's name.",
     )
     task: str = Field(description="spec.gate.task.")
     metric: str = Field(description="spec.gate.metric.")
@@ -62,7 +64,8 @@ class GateStatus(_Model):
     reason: str = Field(description="Condition Regressed's reason.")
     final: bool = Field(
         default=False,
-        description="True once decided for this spec generation and baseline: not computed again.",
+        description="True when not computed again: a verdict (Regressed, NotRegressed) never is; "
+        "NoItemScores and NotComparable are for this spec generation and baselineUid.",
     )
     generation: int | None = Field(
         default=None, description="The spec generation this outcome is for."

@@ -65,7 +65,8 @@ class ResourceRequirements(_Model):
 class EnvVar(_Model):
     """A variable of a sidecar."""
 
-    name: Annotated[str, Field(pattern=ENV_NAME, max_length=128)]
+    # Not NVIDIA_*: the node's container toolkit acts on them in any container.
+    name: Annotated[str, Field(pattern=ENV_NAME, max_length=128), rules.node_env_name_rule()]
     value: Annotated[str, Field(pattern=TEXT, max_length=32768)] = ""
 
 
@@ -223,8 +224,9 @@ class PodOverride(_Model):
         default=None,
         description="Extra environment variables of the evaluation container (at most "
         f"{rules.CONTAINER_ENV_ITEMS_MAX}, {rules.CONTAINER_ENV_BYTES_MAX} bytes in all). Not "
-        "LD_*, LMEVAL_*, PYTHON* (but " + ", ".join(sorted(rules.ALLOWED_PYTHON_ENV)) + "), "
-        "glibc's unsecure variables, nor those the poller sets.",
+        "those the poller sets, nor any that loads code or acts on the node: LD_*, PYTHON* "
+        "(but " + ", ".join(sorted(rules.ALLOWED_PYTHON_ENV)) + "), glibc's unsecure "
+        "variables, OPENSSL_*, NVIDIA_*, GPU and OpenMP plugin paths, TRITON_*, PATH, GIT_*...",
     )
     node_selector: dict[LabelKey, LabelValue] | None = Field(
         default=None, description="Node labels the pod must match."

@@ -105,8 +105,8 @@ class PvcManaged(_Model):
     )
     keep: bool | None = Field(
         default=None,
-        description="True keeps the claim when the job is deleted (default: it is deleted "
-        "with the job, as its owner).",
+        description="True keeps the claim when the job is deleted: the poller releases it "
+        "from the job when the job ends (default: it is deleted with the job, its controller).",
     )
 
 

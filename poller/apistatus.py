@@ -101,7 +101,10 @@ class TaskSourceStatus(_Model):
     name: str = Field(description="The spec entry, e.g. customTasks[0].")
     url: str | None = Field(default=None, description="spec's git.url.")
     branch: str | None = Field(default=None, description="spec's git.branch, if any.")
-    commit: str = Field(description="The commit checked out.")
+    commit: str = Field(
+        description="The commit checked out, as the driver reported it: a full hash, equal to "
+        "spec's git.commit when that is set (a run that reports another ends Failed)."
+    )
 
 
 # status.provenance's bounds (every LIST of jobs carries it).
@@ -221,6 +224,21 @@ class LMEvalJobStatus(_Model):
         description="How many pods the poller has created for this job (the current pod's "
         "proof of origin names this number).",
     )
+    spec_digest: Annotated[str, Field(max_length=80)] | None = Field(
+        default=None,
+        description="Digest of what the job evaluates (its spec without cancel, suspend, "
+        "ttlSecondsAfterFinished and activeDeadlineSeconds) when its first pod was made. Once "
+        "started, a job's spec is frozen but for those four fields: a job whose spec no longer "
+        "matches ends Failed (cause SpecChanged), since its results would be paired with a "
+        "spec that did not produce them.",
+    )
+    pod_fingerprint: Annotated[str, Field(max_length=80)] | None = Field(
+        default=None,
+        description="Digest of the job pod's containers and their images as the apiserver "
+        "admitted it (sha256 over each container's kind, name and image). A pod whose "
+        "containers or images differ later was changed after admission: the job ends Failed "
+        "and the pod is deleted, unread.",
+    )
     last_schedule_time: str | None = Field(default=None, description="When the pod was created.")
     complete_time: str | None = Field(default=None, description="When the job finished.")
     start_time: str | None = Field(
@@ -251,7 +269,7 @@ class LMEvalJobStatus(_Model):
     task_sources: list[TaskSourceStatus] | None = Field(
         default=None,
         description="The Git task sources the evaluation used, each with the commit checked "
-        "out (as the driver read it in the pod).",
+        "out (as the driver read it in the pod), once checked against the spec's pins.",
     )
     results_artifact: str | None = Field(
         default=None,

@@ -50,7 +50,7 @@ from poller.actions import (
 from poller.draft import StatusDraft
 from poller.gate import GateView
 from poller.kueuegate import KueueView
-from poller.ownership import foreign_pod_message, judge_pod
+from poller.ownership import altered_pod_message, foreign_pod_message, judge_pod
 from poller.routing import Step, deadline_exceeded, route, submitted_for
 from poller.scheduling import adopt, decide_failure, job_pod, queued, schedule
 from poller.settings import Settings
@@ -315,6 +315,15 @@ def _decide(
     if step is Step.UNREADABLE:
         message = f"the poller cannot read this LMEvalJob: {job.problem}"
         return decide_failure(job, now, message, cause="UnreadableJob")
+    if step is Step.SPEC_CHANGED:
+        message = (
+            "spec: changed after the job started, in more than cancel, suspend, "
+            "ttlSecondsAfterFinished and activeDeadlineSeconds; its results would be recorded "
+            "with a spec that did not produce them, so it was stopped. Submit the changed spec "
+            "as a new job (`lmeval rerun` copies a job's spec); the admission policy "
+            "lmevaljob-requester-rights refuses such edits where it is installed"
+        )
+        return _stop(job, pod, settings, now, R.FAILED, message, cause="SpecChanged")
     if step is Step.CANCEL:
         return _stop(job, pod, settings, now, R.CANCELLED, "cancelled: spec.cancel is true")
     if step is Step.SUSPEND:
@@ -348,6 +357,13 @@ def _decide_with_pod(
         # Never read, archive or delete a pod the poller did not make.
         why = judge_pod(job, pod)[1]
         return decide_failure(job, now, foreign_pod_message(pod, why), cause="ForeignPod")
+    if step is Step.ALTERED_POD:
+        # Its log and results come from what replaced the job's code: unread,
+        # unarchived; the pod goes (it runs with the job's Secrets).
+        why = judge_pod(job, pod)[1]
+        draft = StatusDraft(job, now)
+        draft.finish(R.FAILED, altered_pod_message(pod, why), "AlteredPod")
+        return Decision(draft.actions(before=[] if pod.deleting else [DeletePod(pod.name)]))
     if step is Step.ADOPT_POD:
         return adopt(job, pod, now)
     if step is Step.EVICTED:
@@ -394,7 +410,12 @@ def _running(
         return Decision(draft.actions())
     if log.decoded.last_progress:
         draft.progress(log.decoded.last_progress)
-    outcome.record_task_sources(job, log, draft)
+    # A run whose reported commits are not its spec's stops here, before its
+    # held results (exec mode) are stored as the job's.
+    mismatch = outcome.record_task_sources(job, log, draft)
+    if mismatch is not None:
+        cause = outcome.TASK_SOURCE_MISMATCH
+        return _stop(job, pod, settings, now, R.FAILED, mismatch, cause=cause)
     held = outcome.holding(job, pod, settings, log, exec_view, draft) or []
     before: list[Action] = [a for a in held if isinstance(a, StoreResults)]
     releases = [a for a in held if isinstance(a, ReleaseHold)]

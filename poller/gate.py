@@ -13,14 +13,24 @@ The decision follows the cycle's rule "observe everything, decide once":
 
 * `needs_items` says whether deciding needs both jobs' per-item scores (the
   reads are two bounded ConfigMap GETs, made by `poller.observe`); that is
-  only when both jobs succeeded and no final outcome exists for this spec
-  generation and this baseline object;
+  only when both jobs succeeded and no outcome that is kept exists (a
+  verdict, or a final outcome for this spec generation and baseline object);
 * `decide_gate` turns the job, its baseline's listed view and what was read
   into status.gate and the condition. Outcomes that depend on the baseline's
   state (WaitingForBaseline, BaselineMissing, BaselineFailed) need no read
-  and are decided again every cycle (level-triggered); an outcome computed
-  from the scores is final and kept until the spec's generation or the
-  baseline object changes.
+  and are decided again every cycle (level-triggered); NoItemScores and
+  NotComparable are final for the spec's generation and the baseline object
+  (its UID) they were computed for.
+
+A verdict (Regressed or NotRegressed) is a record, bound to the baseline
+object it was computed from (status.gate.baselineUid): it is never decided
+again, whatever happens to the baseline afterwards. The baseline is named,
+not owned: anyone who may delete and create LMEvalJobs in the namespace can
+put another job under its name, and deciding again would let them turn a
+recorded NotRegressed into Regressed or Unknown. Before a verdict exists the
+gate follows the name (the current object, whose UID it records). Each
+outcome is written whole (`apply_gate`): no number of an earlier outcome
+survives beside a new one.
 
 Pure: no I/O, no clock; the scores arrive as the base64 text of the
 ConfigMap's binaryData and are unpacked here within bounds.
@@ -49,6 +59,7 @@ __all__ = [
     "NOT_REGRESSED",
     "NO_ITEM_SCORES",
     "REGRESSED",
+    "VERDICTS",
     "WAITING_FOR_BASELINE",
     "GateOutcome",
     "GateView",
@@ -57,6 +68,7 @@ __all__ = [
     "baseline_name",
     "decide_gate",
     "needs_items",
+    "recorded_verdict",
     "unpack_items",
 ]
 
@@ -136,15 +148,29 @@ def _gate_spec(job: JobView) -> api.RegressionGate | str:
         return f"spec.gate.{where}: {first['msg']}"
 
 
-def _kept(job: JobView, view: GateView) -> bool:
-    """Whether the job holds a final outcome for its current spec and baseline object."""
+VERDICTS = (REGRESSED, NOT_REGRESSED)
+
+
+def recorded_verdict(job: JobView) -> bool:
+    """Whether status.gate holds a verdict, which is never decided again: neither
+    a baseline deleted or replaced under its name nor a later spec generation (an
+    edit of a finished job's lifecycle fields bumps it) reopens it."""
     current = job.status.gate
-    if current is None or not current.final or current.generation != job.generation:
+    return current is not None and current.final and current.reason in VERDICTS
+
+
+def _kept(job: JobView, view: GateView) -> bool:
+    """Whether the job holds an outcome that is not decided again."""
+    if recorded_verdict(job):
+        return True
+    current = job.status.gate
+    if current is None or not current.final:
         return False
-    if current.baseline != baseline_name(job):
+    if current.generation != job.generation or current.baseline != baseline_name(job):
         return False
-    # A final outcome is a record: it stays when the baseline is deleted later,
-    # and is decided again only for another object under that name.
+    # NoItemScores and NotComparable stay when the baseline is deleted later,
+    # and are decided again only for another object under that name (no
+    # verdict was recorded yet: the gate follows the name).
     return view.baseline is None or view.baseline.uid == current.baseline_uid
 
 
@@ -236,9 +262,10 @@ def _number(value: float | None) -> float | None:
 def decide_gate(job: JobView, view: GateView) -> GateOutcome | None:
     """The gate's outcome for a Complete gated job; None to leave status as it is. Pure.
 
-    None when the job is not gated, not Complete, already holds a final
-    outcome for its spec and baseline, or when the per-item scores it needs
-    were not read (`needs_items`).
+    None when the job is not gated, not Complete, already holds an outcome
+    that is kept (a verdict, whatever became of its baseline since; or a
+    final outcome for its spec generation and baseline object), or when the
+    per-item scores it needs were not read (`needs_items`).
     """
     name = baseline_name(job)
     if name is None or job.status.state != S.COMPLETE or _kept(job, view):

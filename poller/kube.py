@@ -51,8 +51,9 @@ class Kube(KubeReads):
     """Typed, counted access to exactly the API calls the poller makes: the reads of
     `KubeReads`, and the writes."""
 
-    def create_pod(self, manifest: dict[str, Any]) -> str | None:
-        """Create the pod and return its UID; None when the name was taken already."""
+    def create_pod(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the pod and return it as admitted (`views.PodObject`'s fields: after
+        any mutating admission); None when the name was taken already."""
         namespace = manifest["metadata"]["namespace"]
         try:
             raw = self._request(
@@ -64,9 +65,8 @@ class Kube(KubeReads):
             )
         except Conflict:
             return None
-        return str(
-            (kubepages.METADATA_ONLY.validate_json(raw).get("metadata") or {}).get("uid") or ""
-        )
+        created: dict[str, Any] = kubepages.POD.validate_json(raw)
+        return created
 
     def create_secret(
         self, namespace: str, name: str, data: dict[str, str], labels: dict[str, str]
@@ -115,6 +115,31 @@ class Kube(KubeReads):
             raw = self._request("GET", f"{path}/{name}", verb="get", resource=resource)
         found: dict[str, Any] = json.loads(raw)
         return found
+
+    def release_claim(self, namespace: str, name: str, owners: list[dict[str, Any]]) -> bool:
+        """Remove the claim's owner references if they are exactly `owners` (a JSON
+        patch whose test makes it atomic): False when the claim is gone, or its
+        owners are not those (then it is left as it is)."""
+        patch = [
+            {"op": "test", "path": "/metadata/ownerReferences", "value": owners},
+            {"op": "remove", "path": "/metadata/ownerReferences"},
+        ]
+        try:
+            self._request(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}",
+                verb="patch",
+                resource="persistentvolumeclaims",
+                body=patch,
+                content_type="application/json-patch+json",
+            )
+        except NotFound:
+            return False
+        except ApiError as error:
+            if error.status == 422:  # the test failed: someone changed its owners
+                return False
+            raise
+        return True
 
     def create_configmap(self, manifest: dict[str, Any]) -> bool:
         """Create a ConfigMap; False when one of that name already exists."""

@@ -4,7 +4,7 @@
 one class that talks to the API); this module is what it does with them,
 kept apart because it is the part that decides a cycle's memory: a page is
 parsed straight into the shape the views read (`poller.views.JobObject`,
-`PodObject`), skipping what no view reads (managedFields, pod specs), and
+`PodObject`), skipping what no view reads (managedFields, most of a pod's spec), and
 dropped before the next is used. As soon as a page's continue token is known, the next page is
 requested on a helper thread, so the apiserver prepares it while this one is
 parsed; the pages of one LIST are still requested one after the other.
@@ -26,6 +26,7 @@ __all__ = [
     "JOB_PAGE",
     "METADATA_ONLY",
     "METADATA_PAGE",
+    "POD",
     "POD_PAGE",
     "WORKLOAD_PAGE",
     "ObjectMetadata",
@@ -76,6 +77,7 @@ class _MetadataPage(TypedDict, total=False):
 # pass finds.
 JOB_PAGE: TypeAdapter[Any] = TypeAdapter(_JobPage)
 POD_PAGE: TypeAdapter[Any] = TypeAdapter(_PodPage)
+POD: TypeAdapter[Any] = TypeAdapter(PodObject)
 WORKLOAD_PAGE: TypeAdapter[Any] = TypeAdapter(_WorkloadPage)
 METADATA_ONLY: TypeAdapter[Any] = TypeAdapter(_MetadataOnly)
 # A PartialObjectMetadataList page: each item's identity and resourceVersion only.

@@ -9,13 +9,18 @@ narrower one (`next_results_window`, the rule below), and in exec mode the
 results file the driver holds (`results_to_exec`). Everything it reads was
 written by whoever controls the job, so the log comes decoded and bounded
 (`driver.decoder`), and what could not be read is said in the message,
-never guessed. Pure, like `decide`.
+never guessed. The commits the driver reports for Git task sources are
+checked against the spec's pins before anything is recorded
+(`task_source_problem`): results that are not the pinned code's are not the
+job's. Pure, like `decide`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from driver import protocol
 from driver.decoder import DecodedLog, Outcome
@@ -33,6 +38,7 @@ __all__ = [
     "RESULTS_TAIL_LINES",
     "RUNTIME_LINE_BYTES",
     "TASKS_IN_MESSAGE",
+    "TASK_SOURCE_MISMATCH",
     "WIDENING",
     "WIDENINGS",
     "complete",
@@ -43,6 +49,7 @@ __all__ = [
     "record_task_sources",
     "results_read_while_held",
     "results_to_exec",
+    "task_source_problem",
     "termination_message",
 ]
 
@@ -87,6 +94,15 @@ TASKS_IN_MESSAGE = 20
 # status.resultsArtifact(Error): text from the pod's log, bounded.
 MAX_ARTIFACT_CHARS = 1024
 _ARTIFACT = re.compile(r"^sha256:[a-f0-9]{64}$")
+# The cause (condition reason, event) of a job whose run reported commits that
+# are not its spec's (`task_source_problem`).
+TASK_SOURCE_MISMATCH = "TaskSourceMismatch"
+# How the driver names a Git source: its index in spec.customTasks, as the
+# poller writes it (`podgit.source_name`), no sign, no leading zero.
+_SOURCE_INDEX = re.compile(r"^(0|[1-9][0-9]{0,5})$")
+_COMMIT = re.compile(api.GIT_COMMIT)
+# Of a reported name or commit that is not what it should be, the message quotes this much.
+MAX_SHOWN_COMMIT = 80
 
 C = api.ConditionType
 S = api.JobState
@@ -150,7 +166,13 @@ def complete(
     actions: list[Action] = []
     outcome = decoded.outcome
     exit_code = pod.main.exit_code
-    if exit_code == 0 and decoded.results is not None:
+    with_results = exit_code == 0 and decoded.results is not None
+    mismatch = record_task_sources(job, log, draft, finished=with_results)
+    if mismatch is not None:
+        # What ran is not the task code the spec pins: its results are not kept
+        # as the job's, whatever the container said.
+        draft.finish(R.FAILED, mismatch, cause=TASK_SOURCE_MISMATCH)
+    elif with_results and decoded.results is not None:
         actions.append(_store_results(job, pod, draft, decoded.results, "log", decoded))
         draft.finish(R.SUCCEEDED, draft.fields["message"])
     elif exit_code == 0:
@@ -180,22 +202,114 @@ def complete(
         draft.progress(decoded.last_progress)
     if not actions:  # no results: the provenance of what ran (_store_results records it else)
         record_provenance(pod, decoded, draft)
-    record_task_sources(job, log, draft)
     record_results_artifact(job, outcome, draft)
     return Decision(draft.actions(before=actions))
 
 
-def record_task_sources(job: JobView, log: LogView, draft: StatusDraft) -> None:
-    """status.taskSources from the commits the driver reported (final marker, else started)."""
-    reported: tuple[tuple[str, str], ...] = ()
-    if log.decoded.outcome is not None:
-        reported = log.decoded.outcome.task_sources
-    if not reported and log.decoded.started is not None:
+def _reported_sources(log: LogView) -> list[tuple[str, str]]:
+    """Every (name, commit) the driver's markers report: the final marker's, then
+    the started marker's (the same pairs, from a driver that was not tampered with)."""
+    reported = list(log.decoded.outcome.task_sources) if log.decoded.outcome is not None else []
+    if log.decoded.started is not None:
         started = protocol.read_fields(log.decoded.started, protocol.StartedFields)
-        reported = tuple((s["name"], s["commit"]) for s in started.get("task_sources", []))
+        reported += [(s["name"], s["commit"]) for s in started.get("task_sources", [])]
+    return reported
+
+
+def _pins(raw_spec: Mapping[str, Any]) -> dict[int, tuple[str | None, str]]:
+    """spec.customTasks' Git sources by index: the commit each pins (None: a branch,
+    a tag or the default branch, resolved when the pod started), and the field
+    that says what it follows."""
+    entries = raw_spec.get("customTasks")
+    pins: dict[int, tuple[str | None, str]] = {}
+    for index, entry in enumerate(entries if isinstance(entries, list) else []):
+        git = entry.get("git") if isinstance(entry, dict) else None
+        if not isinstance(git, dict):
+            continue
+        where = f"spec.customTasks[{index}].git"
+        commit, branch = git.get("commit"), git.get("branch")
+        if isinstance(commit, str) and commit:
+            pins[index] = (commit, f"{where}.commit")
+        else:
+            pins[index] = (None, f"{where}.branch" if branch else where)
+    return pins
+
+
+def _shown(text: str) -> str:
+    """Untrusted text from the log, quoted and bounded for a message."""
+    return repr(text[:MAX_SHOWN_COMMIT] + ("..." if len(text) > MAX_SHOWN_COMMIT else ""))
+
+
+def task_source_problem(
+    raw_spec: Mapping[str, Any], reported: Sequence[tuple[str, str]], *, finished: bool
+) -> str | None:
+    """Why the commits the run reported are not the spec's; None when they are. Pure.
+
+    The pairs come from the pod log. Each must name a Git source of the spec
+    (by its index, `podgit.source_name`) and be one full commit hash; a source
+    that pins ``commit`` must report exactly that commit (the schema takes
+    only full hashes, and git's ``%H`` prints the full hash, so equal means
+    equal, no prefix). When the run `finished` with results, every Git source
+    must have been reported: the driver reports them all before lm_eval runs,
+    so a missing one means results that nothing ties to the code they ran.
+    """
+    pins = _pins(raw_spec)
+    seen: dict[int, str] = {}
+    for name, commit in reported:
+        index = int(name) if _SOURCE_INDEX.match(name) else None
+        if index is None or index not in pins:
+            return (
+                f"spec.customTasks: the run reported a commit for task source {_shown(name)}, "
+                "which is not a Git source of the spec: its results are not tied to the "
+                "spec's task code"
+            )
+        pinned, where = pins[index]
+        expected = f"expected {pinned}" if pinned else "expected a full commit hash"
+        if not _COMMIT.match(commit):
+            return (
+                f"{where}: {expected}, the run reported {_shown(commit)}, which is not a "
+                "commit hash: its results are not tied to the spec's task code"
+            )
+        if pinned is not None and commit != pinned:
+            return (
+                f"{where}: expected {pinned}, the run reported {commit}: its results are not "
+                "the pinned code's"
+            )
+        if seen.setdefault(index, commit) != commit:
+            return (
+                f"{where}: the run reported two commits, {seen[index]} and {commit}: its "
+                "results are not tied to one commit"
+            )
+    missing = sorted(set(pins) - set(seen)) if finished else []
+    if missing:
+        pinned, where = pins[missing[0]]
+        expected = f"expected {pinned}" if pinned else "expected the commit it cloned"
+        return (
+            f"{where}: {expected}, the run reported no commit for this source: its results "
+            "are not tied to the spec's task code"
+        )
+    return None
+
+
+def record_task_sources(
+    job: JobView, log: LogView, draft: StatusDraft, *, finished: bool | None = None
+) -> str | None:
+    """status.taskSources from the commits the driver reported, once checked against
+    the spec (`task_source_problem`); else the problem, and no status.taskSources
+    at all (an earlier record is removed). `finished`: whether the run ended with
+    results (default: whether the driver's final marker says it completed)."""
+    if finished is None:
+        final = log.decoded.outcome
+        finished = final is not None and final.event == protocol.EVENT_COMPLETED
+    reported = _reported_sources(log)
+    problem = task_source_problem(job.spec, reported, finished=finished)
+    if problem is not None:
+        draft.fields.pop("task_sources", None)
+        return problem
     entries = podgit.status_entries(job.spec, reported)
     if entries:
         draft.fields["task_sources"] = entries
+    return None
 
 
 def record_results_artifact(job: JobView, outcome: Outcome | None, draft: StatusDraft) -> None:

@@ -13,6 +13,15 @@ recorded when the poller created it (`podAttempt`, `podUID`):
   The status then records it; nothing is created twice. Also a pod an older
   poller made before proofs existed (attempt 0, see `poller.identity`), for a
   job whose status records no attempt yet.
+* ALTERED: the poller's pod, changed since it was admitted: a container's
+  image was replaced (the kubelet then restarts that container, with the
+  job's Secrets), or an ephemeral container was added. The admission policy
+  `deploy/admission/job-pods-policy.yaml` refuses such changes; this is the
+  poller's own check, for clusters without it. Its fingerprint
+  (`views.pod_fingerprint`, recorded in `status.podFingerprint` from the pod
+  as the apiserver admitted it) differs, or the pod itself shows it
+  (`PodView.altered`). The job ends Failed and the pod is deleted, its log
+  and results unread: what it reports is not the job's.
 * FOREIGN: anything else. No proof, another owner, a proof for an older
   attempt (copied from an earlier pod), or the recorded attempt under another
   UID (the real pod was deleted and replaced). A foreign pod is never
@@ -33,12 +42,19 @@ from typing import Any
 
 from poller.views import JobView, PodView, controller_reference
 
-__all__ = ["PodTrust", "controller_uid", "foreign_pod_message", "judge_pod"]
+__all__ = [
+    "PodTrust",
+    "altered_pod_message",
+    "controller_uid",
+    "foreign_pod_message",
+    "judge_pod",
+]
 
 
 class PodTrust(Enum):
     CURRENT = "current"
     ADOPT = "adopt"
+    ALTERED = "altered"
     FOREIGN = "foreign"
 
 
@@ -50,10 +66,18 @@ def judge_pod(job: JobView, pod: PodView) -> tuple[PodTrust, str]:
     if attempt is None:
         return PodTrust.FOREIGN, "it carries no valid proof that the poller created it"
     recorded = job.status.pod_attempt or 0
+    if attempt in (recorded, recorded + 1) and pod.altered:
+        return PodTrust.ALTERED, pod.altered
     if attempt == recorded:
         if job.status.pod_uid is None:
             return PodTrust.ADOPT, ""
         if job.status.pod_uid == pod.uid:
+            fingerprint = job.status.pod_fingerprint
+            if fingerprint and pod.fingerprint and fingerprint != pod.fingerprint:
+                return PodTrust.ALTERED, (
+                    "its containers or their images are not the ones the apiserver admitted "
+                    f"(fingerprint {pod.fingerprint}, recorded {fingerprint})"
+                )
             return PodTrust.CURRENT, ""
         return PodTrust.FOREIGN, (
             f"its UID {pod.uid} is not {job.status.pod_uid}, the pod the poller created: "
@@ -72,6 +96,16 @@ def foreign_pod_message(pod: PodView, why: str) -> str:
         f"pod {pod.name} in namespace {pod.namespace} was not created by the poller for "
         f"this job ({why}); it was left untouched and is not taken for the job's pod: "
         "delete it and submit the job again"
+    )
+
+
+def altered_pod_message(pod: PodView, why: str) -> str:
+    """What a job's status says when its own pod was changed after admission."""
+    return (
+        f"pod {pod.name} was changed after the poller created it ({why}): what it runs is not "
+        "what the job asked for, so it was deleted and nothing it reported was taken as the "
+        "job's results; submit the job again (`lmeval rerun`), and see who may patch pods in "
+        f"namespace {pod.namespace}"
     )
 
 

@@ -5,14 +5,14 @@ built here, token by token, from validated fields only: every option a single
 ``--flag=value`` token, so that no value, whatever it contains, can be read
 by lm_eval's parser as another option. The checks that refuse a job before
 any pod exists live beside it (code execution and online access that the
-settings forbid, TLS problems, Git tasks without allowCodeExecution), as
-does the size preset that picks the device. `poller.podspec` builds the pod
-around this argv.
+settings forbid, TLS problems, Git tasks and ``trust_remote_code`` without
+allowCodeExecution), as does the size preset that picks the device.
+`poller.podspec` builds the pod around this argv.
 """
 
 from __future__ import annotations
 
-from poller import api, podgit, podtls
+from poller import api, podgit, podtls, specrules
 from poller.settings import Settings
 
 __all__ = ["CUSTOM_TASKS_ROOT", "JobPodError", "lm_eval_argv", "resources_for"]
@@ -42,6 +42,11 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
             "(allow-online: false in ConfigMap lmeval-poller-config)"
         )
     if problem := podtls.tls_problem(spec, settings):
+        raise JobPodError(problem)
+    # The schema refuses it too; checked here because the argv is where it would
+    # take effect (a job stored under an older schema ends Failed, same words).
+    pairs = [(pair.name, pair.value) for pair in spec.model_args or []]
+    if problem := specrules.remote_code_problem(pairs, spec.allow_code_execution):
         raise JobPodError(problem)
     argv = [f"--model={spec.model}", f"--tasks={','.join(spec.tasks)}"]
     if spec.model_args:

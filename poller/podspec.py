@@ -6,7 +6,9 @@ no privilege escalation, every capability dropped, RuntimeDefault seccomp, a
 read-only root filesystem with emptyDirs for the few writable paths), a
 service account without rights and without a mounted token, and an lm_eval
 command line assembled as an argv list (`poller.podargv`: every option a
-single ``--flag=value`` token).
+single ``--flag=value`` token). Every string of the containers the poller
+builds reaches the process literally: the kubelet's ``$(VAR)`` expansion is
+escaped once, for all of them (`kubelet_literal`).
 
 The pod name is derived from the job (name plus a short hash of its UID), so
 creating it twice is harmless: the second create meets AlreadyExists and the
@@ -25,7 +27,12 @@ from driver import protocol
 from poller import api, podgit, podoci, podstorage, podtls
 from poller.podargv import CUSTOM_TASKS_ROOT, JobPodError, lm_eval_argv, resources_for
 from poller.settings import Settings
-from poller.specrules import OFFLINE_ENV, env_name_problem
+from poller.specrules import (
+    CODE_EVAL_ENV,
+    OFFLINE_ENV,
+    env_name_problem,
+    node_env_name_problem,
+)
 
 __all__ = [
     "CUSTOM_TASKS_ROOT",
@@ -38,6 +45,8 @@ __all__ = [
     "JobPodError",
     "build_pod",
     "driver_command",
+    "kubelet_literal",
+    "kubelet_literal_container",
     "lm_eval_argv",
     "managed_claim",
     "outputs_location",
@@ -95,6 +104,34 @@ def _label_value(text: str) -> str:
     return value.strip("-_.")
 
 
+def kubelet_literal(text: str) -> str:
+    """`text` as the kubelet will pass it on, whatever ``$(NAME)`` it holds.
+
+    The kubelet expands ``$(NAME)`` in a container's command, args and env
+    values (a defined NAME becomes its value, ``$$`` becomes ``$``, anything
+    else stays): a spec value holding ``$(X)`` would take X's value, another
+    variable of the container. Doubling every ``$`` is the one escape that
+    holds: escaping only ``$(`` would turn ``a$$(X)`` into ``a$$$(X)``, which
+    the kubelet reads as ``a$`` and an expansion.
+    """
+    return text.replace("$", "$$")
+
+
+def kubelet_literal_container(container: dict[str, Any]) -> dict[str, Any]:
+    """`container` with its command, args and env values escaped for the kubelet
+    (`kubelet_literal`): applied once, to every container the poller builds."""
+    escaped = dict(container)
+    for key in ("command", "args"):
+        if key in escaped:
+            escaped[key] = [kubelet_literal(word) for word in escaped[key]]
+    if "env" in escaped:
+        escaped["env"] = [
+            {**item, "value": kubelet_literal(item["value"])} if "value" in item else item
+            for item in escaped["env"]
+        ]
+    return escaped
+
+
 def _security_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
@@ -113,7 +150,14 @@ def _env(
         {"name": "HF_HOME", "value": HF_HOME},
         {"name": protocol.ENV_OUTPUT_ROOT, "value": OUTPUT_ROOT},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # No Python of the container (the driver, lm_eval, whatever they start)
+        # puts its working directory first on sys.path; the driver sets it for
+        # lm_eval again, and lm_eval runs with -P as well.
+        {"name": protocol.ENV_SAFE_PATH, "value": "1"},
     ]
+    if spec.allow_code_execution:
+        # lm_eval_argv refused the job already if the settings do not allow code.
+        env.append({"name": CODE_EVAL_ENV, "value": "1"})
     if use_copied_driver:
         env.append({"name": "PYTHONPATH", "value": DRIVER_MOUNT})
     if not (spec.allow_online and settings.allow_online) or podstorage.forces_offline(spec):
@@ -192,6 +236,10 @@ def _sidecars(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
             sidecar.name
         ):
             raise JobPodError(f"spec.pod.sidecars: the name {sidecar.name!r} is reserved")
+        for item in sidecar.env or []:
+            # The schema refuses them too: the node acts on them in any container.
+            if problem := node_env_name_problem(item.name):
+                raise JobPodError(f"spec.pod.sidecars: {problem}")
         container = sidecar.model_dump(by_alias=True, exclude_none=True)
         # Whatever the job asked for, a sidecar runs under the same restricted
         # profile as the evaluation, with a writable /tmp of its own only.
@@ -248,13 +296,19 @@ def build_pod(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": _pod_security_context(run_as_user),
-        "containers": [_main_container(name, uid, spec, settings, mounts), *_sidecars(spec)],
+        # The kubelet expands $(VAR) in what a container runs: in the poller's
+        # containers nothing may expand (kubelet_literal). The job's sidecars
+        # are its own and keep the expansion.
+        "containers": [
+            kubelet_literal_container(_main_container(name, uid, spec, settings, mounts)),
+            *_sidecars(spec),
+        ],
         "volumes": volumes,
     }
     for sidecar in (spec.pod.sidecars if spec.pod else None) or []:
         volumes.append({"name": f"{sidecar.name}-tmp", "emptyDir": {}})
     if init_containers:
-        pod_spec["initContainers"] = init_containers
+        pod_spec["initContainers"] = [kubelet_literal_container(c) for c in init_containers]
     if spec.pod and spec.pod.node_selector:
         pod_spec["nodeSelector"] = dict(spec.pod.node_selector)
     if spec.pod and spec.pod.affinity:
@@ -370,7 +424,9 @@ def _main_container(
     oci = podoci.driver_options(spec, name, uid)
     command = protocol.run_argv(
         driver_command(settings),
-        ["python", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
+        # -P: lm_eval's working directory (the hub view of a shared cache, see
+        # driver.hubview) never comes first on sys.path.
+        ["python", "-P", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
         output_root=OUTPUT_ROOT,
         grace_period=DRIVER_GRACE_SECONDS,
         hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
@@ -414,14 +470,5 @@ def _pod_metadata(name: str, namespace: str, uid: str, spec: api.LMEvalJobSpec) 
         "namespace": namespace,
         "labels": labels,
         "annotations": dict(spec.annotations or {}),
-        "ownerReferences": [
-            {
-                "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
-                "kind": api.KIND,
-                "name": name,
-                "uid": uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ],
+        "ownerReferences": [api.job_owner_reference(name, uid)],
     }

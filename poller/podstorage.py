@@ -40,10 +40,12 @@ nothing could be downloaded into it anyway.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from driver import protocol
 from poller import api
+from poller.views import controller_reference
 
 __all__ = [
     "FETCH_CONTAINER",
@@ -53,10 +55,14 @@ __all__ = [
     "config_map_volumes",
     "fetch_container",
     "forces_offline",
+    "foreign_object_message",
     "hub_datasets",
+    "kept_claim",
     "managed_claim",
     "managed_claim_name",
+    "not_the_jobs",
     "outputs_claim",
+    "owner_reference",
     "storage_env",
     "storage_volumes",
 ]
@@ -166,12 +172,21 @@ def outputs_claim(spec: api.LMEvalJobSpec, job_name: str, job_uid: str) -> str |
     return spec.outputs.pvc_name
 
 
+# The job as controller (one implementation, `api.job_owner_reference`).
+owner_reference = api.job_owner_reference
+
+
 def managed_claim(
     spec: api.LMEvalJobSpec, job_name: str, namespace: str, job_uid: str, labels: dict[str, str]
 ) -> dict[str, Any] | None:
-    """The claim manifest for outputs.pvcManaged (None without it): owned by the job
-    (deleted with it by the garbage collector) unless `keep`, and labelled with the
-    job's UID, by which the poller recognises its own claim."""
+    """The claim manifest for outputs.pvcManaged (None without it).
+
+    Controlled by the job, always: that is how the poller knows its own claim
+    (`not_the_jobs`), since the claims admission policy lets nobody else give
+    a claim an owner reference to an LMEvalJob. With `keep` the poller
+    releases it when the job finishes (`kept_claim`), so the garbage
+    collector leaves it when the job is deleted.
+    """
     managed = spec.outputs.pvc_managed if spec.outputs else None
     if managed is None:
         return None
@@ -185,21 +200,52 @@ def managed_claim(
         "name": managed_claim_name(job_name, job_uid),
         "namespace": namespace,
         "labels": labels,
+        "ownerReferences": [owner_reference(job_name, job_uid)],
     }
-    if not managed.keep:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
-                "kind": api.KIND,
-                "name": job_name,
-                "uid": job_uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": metadata,
         "spec": claim_spec,
     }
+
+
+def kept_claim(raw_spec: Mapping[str, Any], job_name: str, job_uid: str) -> str | None:
+    """The managed claim to release from the job when it finishes (outputs.pvcManaged
+    with keep: true), or None. Read from the raw spec: a finishing job's spec was
+    validated when its pod was made, and its end must not wait on validation."""
+    outputs = raw_spec.get("outputs")
+    managed = outputs.get("pvcManaged") if isinstance(outputs, Mapping) else None
+    if isinstance(managed, Mapping) and managed.get("keep") is True:
+        return managed_claim_name(job_name, job_uid)
+    return None
+
+
+def not_the_jobs(found: Mapping[str, Any], job_uid: str) -> str | None:
+    """Why `found`, met under a name the poller gives one of a job's objects (its
+    managed claim, its results ConfigMap, ...), is not that job's; None when it is.
+
+    Judged by the controller ownerReference alone: the name is known to
+    everyone who can read the job, and so are its labels; the claims
+    admission policy lets only the poller give an object an owner reference
+    to an LMEvalJob, and an object has at most one controller.
+    """
+    owner = controller_reference(found.get("metadata") or {})
+    if not owner:
+        return "it has no controller ownerReference"
+    if owner.get("uid") == job_uid:
+        return None
+    return (
+        f"its controller ownerReference is {owner.get('kind')} {owner.get('name')} "
+        f"(uid {owner.get('uid')}), not this job"
+    )
+
+
+def foreign_object_message(kind: str, name: str, namespace: str, role: str, why: str) -> str:
+    """What a job's status says when `kind` `name`, where the poller puts the job's
+    `role` (e.g. "outputs claim"), is not the poller's (`why`, from `not_the_jobs`)."""
+    return (
+        f"{kind} {name} in namespace {namespace} exists and is not this job's {role} ({why}): "
+        "the poller did not make it for this job, so it was neither used, written nor "
+        "deleted, and no pod was made; delete it, or rename the job"
+    )

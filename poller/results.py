@@ -219,16 +219,7 @@ def results_configmap(
             "name": results_configmap_name(job_name),
             "namespace": namespace,
             "labels": labels,
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
-                    "kind": api.KIND,
-                    "name": job_name,
-                    "uid": job_uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [api.job_owner_reference(job_name, job_uid)],
         },
         "data": data,
     }

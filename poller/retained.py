@@ -32,7 +32,7 @@ from operator import attrgetter
 from sys import intern
 from typing import NamedTuple
 
-from poller.gate import baseline_name
+from poller.gate import baseline_name, recorded_verdict
 from poller.jobseries import JobSeries, series_of
 from poller.views import JobView
 
@@ -58,8 +58,9 @@ class FinishedRecord:
     resource_version: int | str
     # spec.ttlSecondsAfterFinished.
     ttl: int | None
-    # spec.baseline while the job's regression gate still waits on it (no final
-    # outcome for this generation): the baseline finishing must wake the job.
+    # spec.baseline while the job's regression gate still waits on it (no verdict,
+    # and no final outcome for this generation): the baseline finishing must wake
+    # the job.
     baseline: str | None
     # Under Kueue (the job has a queue-name label).
     queued: bool
@@ -97,7 +98,7 @@ class FinishedRecord:
 
 def _waiting_baseline(job: JobView) -> str | None:
     baseline = baseline_name(job)
-    if baseline is None:
+    if baseline is None or recorded_verdict(job):  # a verdict is never decided again
         return None
     gate = job.status.gate
     if gate is None or not gate.final or gate.generation != job.generation:

@@ -22,7 +22,7 @@ from poller.ownership import PodTrust, judge_pod
 from poller.timefmt import seconds_between
 from poller.views import JobView, PodView, QueueSlot
 
-__all__ = ["Step", "deadline_exceeded", "route", "submitted_for"]
+__all__ = ["Step", "deadline_exceeded", "route", "spec_changed", "submitted_for"]
 
 S = api.JobState
 
@@ -39,6 +39,8 @@ class Step(Enum):
     RETENTION = "retention"  # finished: only its TTL
     UNREADABLE = "unreadable"
     FOREIGN_POD = "foreign-pod"
+    ALTERED_POD = "altered-pod"  # ours, changed after admission: fail, delete, read nothing
+    SPEC_CHANGED = "spec-changed"  # started, then its spec was edited: fail, stop the pod
     ADOPT_POD = "adopt-pod"
     CANCEL = "cancel"
     SUSPEND = "suspend"
@@ -89,8 +91,12 @@ def route(
         trust = judge_pod(job, pod)[0]
         if trust is PodTrust.FOREIGN:
             return Step.FOREIGN_POD
+        if trust is PodTrust.ALTERED:
+            return Step.ALTERED_POD
         if trust is PodTrust.ADOPT:
             return Step.ADOPT_POD
+    if spec_changed(job):
+        return Step.SPEC_CHANGED
     if job.cancel_requested:
         return Step.CANCEL
     if job.suspend_requested:
@@ -117,6 +123,18 @@ def route(
             return Step.QUEUED if queue is not None else Step.SCHEDULE
         return Step.POD_VANISHED
     return _pod_step(pod)
+
+
+def spec_changed(job: JobView) -> bool:
+    """Whether a started job's spec differs from the one its first pod was made for
+    in more than its control switches (`views.spec_digest`)."""
+    recorded = job.status.spec_digest
+    return (
+        job.status.state in (S.SCHEDULED, S.RUNNING, S.SUSPENDED)
+        and bool(recorded)
+        and bool(job.digest)
+        and job.digest != recorded
+    )
 
 
 def _pod_step(pod: PodView) -> Step:

@@ -103,7 +103,8 @@ def schedule(
     attempt = (job.status.pod_attempt or 0) + 1
     draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec, admitted_by)
     # The pod's UID is added by the actuator from the create response.
-    draft.fields.update(pod_attempt=attempt, pod_uid=None)
+    draft.fields.update(pod_attempt=attempt, pod_uid=None, pod_fingerprint=None)
+    _record_spec(job, draft)
     claim = podspec.managed_claim(job.name, job.namespace, job.uid, spec)
     return Decision([CreatePod(manifest, attempt, claim), *draft.actions()])
 
@@ -149,8 +150,21 @@ def adopt(job: JobView, pod: PodView, now: dt.datetime) -> Decision:
         draft = _scheduled_draft(job, now, pod.name, spec)
     else:
         draft = StatusDraft(job, now)
-    draft.fields.update(pod_name=pod.name, pod_uid=pod.uid, pod_attempt=pod.proof_attempt)
+    draft.fields.update(
+        pod_name=pod.name,
+        pod_uid=pod.uid,
+        pod_attempt=pod.proof_attempt,
+        pod_fingerprint=pod.fingerprint or None,
+    )
+    _record_spec(job, draft)
     return Decision(draft.actions())
+
+
+def _record_spec(job: JobView, draft: StatusDraft) -> None:
+    """Record what the job evaluates when its first pod is made (or adopted): from
+    then on its spec is frozen but for its control switches (`views.spec_digest`)."""
+    if job.status.spec_digest is None and job.digest:
+        draft.fields["spec_digest"] = job.digest
 
 
 def queue_message(slot: QueueSlot) -> str:

@@ -17,14 +17,18 @@ list too long", while the apiserver's ``maxLength`` counts characters (up to
 4 bytes each in UTF-8). CEL's ``size(bytes(s))`` is the byte count.
 
 This module is also the one list of environment variables a job may not set
-(`env_name_problem`): the schema refuses them, and ``podspec`` checks again
-before it builds a pod. Every bound here is also what keeps the CRD's CEL
+(`ENV_FAMILIES`, `env_name_problem`): each family says in the refusal why
+(the loader, an interpreter, a library that loads plugins, the node, the
+poller's own); the schema refuses them, and ``podspec`` checks again before
+it builds a pod. One rule reads two fields, so it sits on the spec rather than
+on a field: ``trust_remote_code`` in ``spec.modelArgs`` needs
+``spec.allowCodeExecution`` (`remote_code_rule`). Every bound here is also what keeps the CRD's CEL
 within the apiserver's cost budget: rules over lists need maxItems.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +39,16 @@ from pydantic_core import CoreSchema, core_schema
 __all__ = [
     "ALLOWED_PYTHON_ENV",
     "ARGV_TOKEN_BYTES_MAX",
+    "CODE_EVAL_ENV",
     "CONTAINER_ENV_BYTES_MAX",
     "CONTAINER_ENV_ITEMS_MAX",
+    "ENV_FAMILIES",
     "ENV_SECRETS_MAX",
     "FILE_SECRETS_MAX",
+    "NODE_ENV_FAMILY",
     "OFFLINE_ENV",
+    "REMOTE_CODE_ARG",
+    "REMOTE_CODE_OFF",
     "RESERVED_ENV_NAMES",
     "RESERVED_ENV_PREFIXES",
     "RESERVED_KEY_PREFIX",
@@ -51,6 +60,7 @@ __all__ = [
     "SIDECAR_ENV_ITEMS_MAX",
     "VALIDATIONS",
     "Cel",
+    "EnvFamily",
     "argv_list_rule",
     "env_list_rule",
     "env_name_problem",
@@ -59,7 +69,11 @@ __all__ = [
     "joined_tasks_rule",
     "mount_path_problem",
     "mount_path_rule",
+    "node_env_name_problem",
+    "node_env_name_rule",
     "poller_keys_rule",
+    "remote_code_problem",
+    "remote_code_rule",
     "security_annotations_rule",
 ]
 
@@ -97,46 +111,237 @@ OFFLINE_ENV = (
     "TRANSFORMERS_OFFLINE",
     "HF_EVALUATE_OFFLINE",
 )
-RESERVED_ENV_NAMES = frozenset(
-    {
-        # Set by the poller: the offline switch and the driver's paths.
-        *OFFLINE_ENV,
-        "HF_HOME",
-        "HF_HUB_CACHE",
-        "HOME",
-        # glibc's "unsecure" variables (sysdeps/generic/unsecure-envvars.h),
-        # the ones it drops for setuid programs because they load code or
-        # redirect files; LD_* is a prefix below.
-        "GCONV_PATH",
-        "GETCONF_DIR",
-        "GLIBC_TUNABLES",
-        "HOSTALIASES",
-        "LOCALDOMAIN",
-        "LOCPATH",
-        "MALLOC_TRACE",
-        "NIS_PATH",
-        "NLSPATH",
-        "RESOLV_HOST_CONF",
-        "RES_OPTIONS",
-        "TMPDIR",
-        "TZDIR",
-    }
-)
-# LD_*: the dynamic loader (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT...). PYTHON*:
-# the interpreter that runs the driver (PYTHONPATH, PYTHONSTARTUP,
-# PYTHONWARNINGS and PYTHONBREAKPOINT import modules). LMEVAL_*: the driver's own.
-RESERVED_ENV_PREFIXES = ("LD_", "LMEVAL_", "PYTHON")
+# What the poller sets when spec.allowCodeExecution (and the setting) allow
+# code: the `code_eval` metric runs model-written code only with it.
+CODE_EVAL_ENV = "HF_ALLOW_CODE_EVAL"
+
+
+@dataclass(frozen=True)
+class EnvFamily:
+    """Variables a job may not set, for one reason: exact `names` and name `prefixes`."""
+
+    reason: str
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+
+    def holds(self, name: str) -> bool:
+        return name in self.names or name.startswith(self.prefixes)
+
+
 # PYTHON* variables that load nothing and leave the driver's output alone.
 # Not PYTHONIOENCODING: it re-encodes the driver's stdout, which carries the
 # marker protocol (utf-16 would make every marker unreadable).
 ALLOWED_PYTHON_ENV = frozenset(
     {"PYTHONHASHSEED", "PYTHONUTF8", "PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER"}
 )
-_ENV_REASON = (
-    "the poller sets it, or it changes what code the driver and lm_eval load "
-    "(LD_*, LMEVAL_*, PYTHON* other than " + ", ".join(sorted(ALLOWED_PYTHON_ENV)) + ", "
-    "and glibc's unsecure variables such as GCONV_PATH and TMPDIR)"
+# Refused in every container of the job pod, the job's sidecars too: the node
+# acts on them, whatever runs in the container.
+NODE_ENV_FAMILY = EnvFamily(
+    "the NVIDIA container toolkit reads them on the node when the container starts "
+    "(NVIDIA_*: NVIDIA_VISIBLE_DEVICES=all exposes every GPU of the node)",
+    prefixes=("NVIDIA_",),
 )
+# Each family names what it is in the refusal, so that a user sees why. The
+# guarantee they serve: a job loads no code into the driver or lm_eval that
+# the image and the settings did not put there, and reaches nothing on the
+# node beyond its pod. A variable read by a library that loads a module, a
+# plugin or a configuration that names one is such a door.
+ENV_FAMILIES = (
+    EnvFamily(
+        "the poller sets it (the offline switch, the code switch, the driver's paths and "
+        "options: " + ", ".join([*OFFLINE_ENV, CODE_EVAL_ENV]) + ", HF_HOME, HF_HUB_CACHE, "
+        "HOME, LMEVAL_*)",
+        frozenset({*OFFLINE_ENV, CODE_EVAL_ENV, "HF_HOME", "HF_HUB_CACHE", "HOME"}),
+        ("LMEVAL_",),
+    ),
+    EnvFamily(
+        # glibc's "unsecure" variables (sysdeps/generic/unsecure-envvars.h), the
+        # ones it drops for setuid programs because they load code or redirect
+        # files; LD_* is the dynamic loader's (LD_PRELOAD, LD_AUDIT...).
+        "glibc's loader and its unsecure variables load libraries or redirect files "
+        "(LD_*, GCONV_PATH, GLIBC_TUNABLES, LOCPATH, TMPDIR...)",
+        frozenset(
+            {
+                "GCONV_PATH",
+                "GETCONF_DIR",
+                "GLIBC_TUNABLES",
+                "HOSTALIASES",
+                "LOCALDOMAIN",
+                "LOCPATH",
+                "MALLOC_TRACE",
+                "NIS_PATH",
+                "NLSPATH",
+                "RESOLV_HOST_CONF",
+                "RES_OPTIONS",
+                "TMPDIR",
+                "TZDIR",
+            }
+        ),
+        ("LD_",),
+    ),
+    EnvFamily(
+        # PYTHONPATH, PYTHONSTARTUP, PYTHONWARNINGS, PYTHONBREAKPOINT import
+        # modules; PYTHONSAFEPATH is the poller's and the driver's.
+        "Python's own variables import code or change the driver's output (PYTHON* other "
+        "than " + ", ".join(sorted(ALLOWED_PYTHON_ENV)) + ")",
+        prefixes=("PYTHON",),
+    ),
+    EnvFamily(
+        # OPENSSL_CONF names a configuration that loads providers and engines
+        # (shared libraries) into every process that initialises OpenSSL: the
+        # driver too, through Python's ssl module.
+        "OpenSSL loads providers, engines and configuration named there into the driver "
+        "(OPENSSL_*: OPENSSL_CONF, OPENSSL_MODULES, OPENSSL_ENGINES)",
+        prefixes=("OPENSSL_",),
+    ),
+    EnvFamily(
+        "Hugging Face libraries run code from datasets, models or modules with them "
+        "(HF_DATASETS_TRUST_REMOTE_CODE, HF_MODULES_CACHE); code needs "
+        "spec.allowCodeExecution",
+        frozenset({"HF_DATASETS_TRUST_REMOTE_CODE", "HF_MODULES_CACHE"}),
+    ),
+    EnvFamily(
+        # The CUDA driver and NVTX load an injection library at initialisation;
+        # NCCL loads its network, tuner, profiler and environment plugins (and
+        # reads NCCL_CONF_FILE, which may name them); ROCm's HSA runtime and the
+        # OpenCL and Vulkan loaders load tool libraries, drivers and layers.
+        "GPU runtimes load the injection, plugin and tool libraries named there "
+        "(CUDA_INJECTION64_PATH, NVTX_INJECTION64_PATH, NCCL_*_PLUGIN, NCCL_CONF_FILE, "
+        "HSA_TOOLS_LIB, OCL_ICD_*, VK_*)",
+        frozenset(
+            {
+                "CUDA_INJECTION32_PATH",
+                "CUDA_INJECTION64_PATH",
+                "NVTX_INJECTION32_PATH",
+                "NVTX_INJECTION64_PATH",
+                "NCCL_NET_PLUGIN",
+                "NCCL_TUNER_PLUGIN",
+                "NCCL_PROFILER_PLUGIN",
+                "NCCL_ENV_PLUGIN",
+                "NCCL_CONF_FILE",
+                "HSA_TOOLS_LIB",
+                "ROCP_TOOL_LIB",
+                "ROCP_TOOL_LIBRARIES",
+                "OCL_ICD_FILENAMES",
+                "OCL_ICD_VENDORS",
+            }
+        ),
+        ("VK_",),
+    ),
+    NODE_ENV_FAMILY,
+    EnvFamily(
+        "the OpenMP runtime loads the tool libraries named there (OMP_TOOL, OMP_TOOL_LIBRARIES)",
+        frozenset({"OMP_TOOL", "OMP_TOOL_LIBRARIES"}),
+    ),
+    EnvFamily(
+        # Triton runs ptxas and friends from TRITON_*_PATH, dlopens libcuda from
+        # TRITON_LIBCUDA_PATH and compiled kernels from its cache; torch loads
+        # compiled extensions and inductor kernels from these directories.
+        "Triton and torch run tools and load compiled libraries from there (TRITON_*, "
+        "TORCHINDUCTOR_CACHE_DIR, TORCH_EXTENSIONS_DIR)",
+        frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR"}),
+        ("TRITON_",),
+    ),
+    EnvFamily(
+        # GLib's GIO modules, GTK modules, GStreamer plugins, Qt plugins, image
+        # loaders, GObject typelibs, and libglvnd's EGL/GLX vendor libraries.
+        "desktop and graphics libraries load the modules named there (GIO_*, GTK_MODULES, "
+        "GST_PLUGIN_*, QT_PLUGIN_PATH, __EGL_VENDOR_LIBRARY_*...)",
+        frozenset(
+            {
+                "GTK_MODULES",
+                "GTK_PATH",
+                "GTK_EXE_PREFIX",
+                "QT_PLUGIN_PATH",
+                "GDK_PIXBUF_MODULE_FILE",
+                "GDK_PIXBUF_MODULEDIR",
+                "GI_TYPELIB_PATH",
+                "LIBGL_DRIVERS_PATH",
+                "__GLX_VENDOR_LIBRARY_NAME",
+            }
+        ),
+        ("GIO_", "GST_PLUGIN_", "__EGL_VENDOR_LIBRARY_"),
+    ),
+    EnvFamily(
+        "other interpreters and shells run code named there (BASH_ENV, ENV, PERL5OPT, "
+        "PERL5LIB, RUBYOPT, NODE_OPTIONS, JAVA_TOOL_OPTIONS...)",
+        frozenset(
+            {
+                "BASH_ENV",
+                "ENV",
+                "SHELLOPTS",
+                "BASHOPTS",
+                "PS4",
+                "PERL5OPT",
+                "PERL5LIB",
+                "PERLLIB",
+                "PERL5DB",
+                "RUBYOPT",
+                "RUBYLIB",
+                "NODE_OPTIONS",
+                "NODE_PATH",
+                "JAVA_TOOL_OPTIONS",
+                "_JAVA_OPTIONS",
+                "JDK_JAVA_OPTIONS",
+                "CLASSPATH",
+            }
+        ),
+    ),
+    EnvFamily(
+        # PATH chooses the program the container runtime starts (`python`) and
+        # every one started by name after it; a read-only claim may hold
+        # executables. Git runs commands its configuration names.
+        "they choose which programs run (PATH; GIT_*: configuration, exec path, SSH and "
+        "askpass commands)",
+        frozenset({"PATH"}),
+        ("GIT_",),
+    ),
+)
+# The union of the families, for readers that want one list.
+RESERVED_ENV_NAMES = frozenset(n for family in ENV_FAMILIES for n in family.names)
+RESERVED_ENV_PREFIXES = tuple(p for family in ENV_FAMILIES for p in family.prefixes)
+
+# -- model arguments that run code -----------------------------------------------------
+# transformers (and vLLM) import Python from the model's repository when it is
+# truthy. lm_eval turns a --model_args value into a boolean ("true"/"false" in
+# any case), None ("none"), an int, a float, or else the string itself, which is
+# truthy unless empty: so only the values below are surely off, and any other
+# value counts as on (refusing "none" or "0.0" costs a user one word; admitting
+# a truthy string would run code).
+REMOTE_CODE_ARG = "trust_remote_code"
+REMOTE_CODE_OFF = ("false", "0")
+_REMOTE_CODE_REASON = (
+    f"{REMOTE_CODE_ARG} other than {' or '.join(REMOTE_CODE_OFF)} lets the model's repository "
+    "run Python in the evaluation: it needs spec.allowCodeExecution: true (and "
+    "allow-code-execution: true in ConfigMap lmeval-poller-config), or set it to false"
+)
+
+
+def remote_code_problem(
+    model_args: Iterable[tuple[str, str]], allow_code_execution: bool | None
+) -> str | None:
+    """Why spec.modelArgs (name, value pairs) may not run as they are, or None."""
+    if allow_code_execution:
+        return None
+    for index, (name, value) in enumerate(model_args):
+        # lm_eval strips the value and compares it in lower case.
+        if name == REMOTE_CODE_ARG and value.strip().lower() not in REMOTE_CODE_OFF:
+            found = f"{REMOTE_CODE_ARG}={value}"
+            return f"spec.modelArgs[{index}]: {_REMOTE_CODE_REASON}; it is {found}"
+    return None
+
+
+def remote_code_rule() -> dict[str, str]:
+    """The same rule in CEL, on the spec (it reads two fields)."""
+    return {
+        "rule": "!has(self.modelArgs) || "
+        "(has(self.allowCodeExecution) && self.allowCodeExecution) || "
+        f"!self.modelArgs.exists(p, p.name == {_literal(REMOTE_CODE_ARG)} && "
+        f"!(p.value.trim().lowerAscii() in {_list(REMOTE_CODE_OFF)}))",
+        "message": _REMOTE_CODE_REASON,
+        "fieldPath": ".modelArgs",
+    }
+
 
 # -- where a fileSecret may not be mounted -------------------------------------------
 # A Secret mounted over a directory replaces it: over the interpreter's or the
@@ -235,24 +440,60 @@ def _utf8(text: str) -> int:
 # -- rules --------------------------------------------------------------------------
 
 
-def env_name_problem(name: str) -> str | None:
-    """Why a job may not set variable `name` in its evaluation container, or None."""
+def _env_family(name: str) -> EnvFamily | None:
     if name in ALLOWED_PYTHON_ENV:
         return None
-    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
-        return f"{name} cannot be set by a job: {_ENV_REASON}"
-    return None
+    return next((family for family in ENV_FAMILIES if family.holds(name)), None)
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why a job may not set variable `name` in its evaluation container, or None."""
+    family = _env_family(name)
+    return None if family is None else f"{name} cannot be set by a job: {family.reason}"
+
+
+def _family_test(family: EnvFamily) -> str:
+    tests = [f"self.startsWith({_literal(p)})" for p in family.prefixes]
+    if family.names:
+        tests.insert(0, f"self in {_list(family.names)}")
+    return " || ".join(tests)
+
+
+def _family_message(families: Sequence[EnvFamily]) -> str:
+    """CEL: `self` and the reason of the first family that holds it (each string
+    bounded: `self` is at most 128 characters)."""
+    expression = _literal(" cannot be set by a job")
+    for family in reversed(families):
+        reason = _literal(f" cannot be set by a job: {family.reason}")
+        expression = f"({_family_test(family)}) ? {reason} : {expression}"
+    return f"self + ({expression})"
 
 
 def env_name_rule() -> Cel:
-    prefixes = " || ".join(f"self.startsWith({_literal(p)})" for p in RESERVED_ENV_PREFIXES)
+    refused = " || ".join(f"({_family_test(family)})" for family in ENV_FAMILIES)
     return Cel(
-        rule=f"self in {_list(ALLOWED_PYTHON_ENV)} || "
-        f"!(self in {_list(RESERVED_ENV_NAMES)} || {prefixes})",
-        message=f"this variable cannot be set by a job: {_ENV_REASON}",
-        # `self` is at most 128 characters: a bounded message.
-        message_expression=f"self + {_literal(' cannot be set by a job: ' + _ENV_REASON)}",
+        rule=f"self in {_list(ALLOWED_PYTHON_ENV)} || !({refused})",
+        message="this variable cannot be set by a job: it loads code into the driver or "
+        "lm_eval, acts on the node, or the poller sets it",
+        message_expression=_family_message(ENV_FAMILIES),
         problem=env_name_problem,
+    )
+
+
+def node_env_name_problem(name: str) -> str | None:
+    """Why no container of the job pod (a sidecar included) may set `name`, or None."""
+    if NODE_ENV_FAMILY.holds(name):
+        return f"{name} cannot be set by a job: {NODE_ENV_FAMILY.reason}"
+    return None
+
+
+def node_env_name_rule() -> Cel:
+    """A sidecar's variable: none that the node acts on."""
+    return Cel(
+        rule=f"!({_family_test(NODE_ENV_FAMILY)})",
+        message=f"this variable cannot be set by a job: {NODE_ENV_FAMILY.reason}",
+        message_expression=_family_message([NODE_ENV_FAMILY]),
+        problem=node_env_name_problem,
     )
 
 

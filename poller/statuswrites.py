@@ -7,7 +7,8 @@ write is a conflict instead of a lost update. Events are best effort.
 
 Two things only the actuator learns are folded into a status patch here
 (`with_outcome_of_actions`): the UID the apiserver gave the pod it just
-created, and why the results ConfigMap could not be written. And when a job
+created and its fingerprint as admitted (`views.pod_fingerprint`), and why
+the results ConfigMap could not be written. And when a job
 must end because handling it keeps failing (`poller.poison`), `end_failed`
 writes the ordinary failure, or, if the apiserver refuses that (the status
 itself may hold what it refuses), the smallest patch that still ends it.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from poller import poison
 from poller.actions import PatchStatus, PostEvent
@@ -26,7 +27,7 @@ from poller.kube import Conflict, Kube
 from poller.scheduling import decide_failure
 from poller.views import JobView
 
-__all__ = ["StatusWrites", "with_outcome_of_actions"]
+__all__ = ["AdmittedPod", "StatusWrites", "merge_patch", "with_outcome_of_actions"]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ class StatusWrites:
         """Write the status; False when another writer got there first."""
         new = action.status.model_dump(by_alias=True, exclude_none=True, mode="json")
         old = job.status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        # A merge patch only removes a field that is explicitly null.
-        patch: dict[str, Any] = {**{key: None for key in old if key not in new}, **new}
+        patch = merge_patch(old, new)
         try:
             self.kube.patch_job_status(job.namespace, job.name, patch, action.resource_version)
             return True
@@ -91,8 +91,35 @@ class StatusWrites:
             )
 
 
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns `old` into `new` whole: `new`, with a null for
+    every key of `old` it lacks, at every depth.
+
+    A merge patch merges objects key by key and removes only a key that is
+    explicitly null, in nested objects too: without the nulls below the top,
+    a key of an earlier status.gate (a p-value, a score) would survive beside
+    a new outcome that has none.
+    """
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = merge_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
+
+
+class AdmittedPod(NamedTuple):
+    """The pod the actuator just created (or adopted): its UID and fingerprint
+    ("" when it must not be recorded: the next decision judges the pod)."""
+
+    uid: str
+    fingerprint: str
+
+
 def with_outcome_of_actions(
-    action: PatchStatus, pod_uid: str | None, store_problem: str | None
+    action: PatchStatus, pod: AdmittedPod | None, store_problem: str | None
 ) -> PatchStatus:
     """The status patch, completed with what the earlier actions found out.
 
@@ -100,8 +127,9 @@ def with_outcome_of_actions(
     creates, nor whether the results ConfigMap can be written.
     """
     update: dict[str, Any] = {}
-    if pod_uid is not None and action.status.pod_attempt is not None:
-        update["pod_uid"] = pod_uid
+    if pod is not None and action.status.pod_attempt is not None:
+        update["pod_uid"] = pod.uid
+        update["pod_fingerprint"] = pod.fingerprint or None
     if store_problem is not None:
         update["results_config_map"] = None
         update["message"] = (

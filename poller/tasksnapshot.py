@@ -31,9 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from poller import api, podspec, taskcode
+from poller import api, podspec, podstorage, taskcode
 from poller.kube import ApiError, Kube
-from poller.ownership import controller_uid
 from poller.settings import CONFIGMAP_NAME, Settings
 from poller.views import JobView
 
@@ -85,16 +84,7 @@ def snapshot_manifest(job: JobView, source: dict[str, Any]) -> dict[str, Any]:
                 ANNOTATION_SOURCE_VERSION: meta.get("resourceVersion", ""),
                 ANNOTATION_DIGEST: content_digest(source),
             },
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
-                    "kind": api.KIND,
-                    "name": job.name,
-                    "uid": job.uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [podstorage.owner_reference(job.name, job.uid)],
         },
         "immutable": True,
         "data": dict(source.get("data") or {}),
@@ -197,16 +187,20 @@ def _snapshot(kube: Kube, job: JobView, source: _Source) -> str | None:
         return None  # made by this job on an earlier attempt: adopted
     return (
         f"{source.where}: ConfigMap {job.namespace}/{name}, where the snapshot of ConfigMap "
-        f"{source.name} goes, already exists and {wrong}; the job cannot run it"
+        f"{source.name} goes, already exists and {wrong}"
     )
 
 
 def _not_ours(existing: dict[str, Any], job: JobView, manifest: dict[str, Any]) -> str | None:
     """Why an existing ConfigMap is not this job's snapshot of the content checked."""
-    if controller_uid(existing) != job.uid:
-        return "was not made by this job (it is not controlled by it)"
+    why = podstorage.not_the_jobs(existing, job.uid)
+    if why is not None:
+        return (
+            f"was not made by this job ({why}): it is not the poller's, so it is neither "
+            "mounted, written nor deleted, and no pod was made; delete it, or rename the job"
+        )
     if existing.get("immutable") is not True:
-        return "is not immutable"
+        return "is not immutable; the job cannot run it"
     if content_digest(existing) != manifest["metadata"]["annotations"][ANNOTATION_DIGEST]:
         return (
             "holds other files than the ConfigMap holds now (it changed since this job "

@@ -7,12 +7,15 @@ what lets every transition be a table-driven unit test.
 
 `JobObject` and `PodObject` name the parts of an API object that the views
 read. LISTs are parsed into exactly that shape (`poller.kube`), so the bulk
-no view needs (managedFields, pod specs, ...) never becomes Python objects:
+no view needs (managedFields, all of a pod spec but its containers' names and
+images, ...) never becomes Python objects:
 a field a view starts reading must be added there too.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +26,7 @@ from driver.decoder import DecodedLog
 from poller import api, results
 
 __all__ = [
+    "CONTROL_SPEC_KEYS",
     "FINISHED_SPEC_KEYS",
     "FINISHED_STATUS_OMITS",
     "PROOF_ANNOTATION",
@@ -36,6 +40,8 @@ __all__ = [
     "ProofCheck",
     "QueueSlot",
     "controller_reference",
+    "pod_fingerprint",
+    "spec_digest",
 ]
 
 
@@ -74,6 +80,22 @@ class ContainerStatusObject(TypedDict, total=False):
     state: Any
     image: Any
     imageID: Any
+    restartCount: Any
+
+
+class ContainerSpecObject(TypedDict, total=False):
+    """The parts of a pod's container that can change after the pod was admitted."""
+
+    name: Any
+    image: Any
+
+
+class PodSpecObject(TypedDict, total=False):
+    """The parts of a pod's spec that `pod_fingerprint` covers."""
+
+    initContainers: list[ContainerSpecObject] | None
+    containers: list[ContainerSpecObject] | None
+    ephemeralContainers: list[ContainerSpecObject] | None
 
 
 class PodStatusObject(TypedDict, total=False):
@@ -89,6 +111,7 @@ class PodObject(TypedDict, total=False):
     """The parts of a Pod that `PodView.from_object` reads."""
 
     metadata: ObjectMeta
+    spec: PodSpecObject
     status: PodStatusObject
 
 
@@ -101,6 +124,27 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 # -> the attempt it proves, or None (`poller.identity.PodProof.attempt_of`).
 PROOF_ANNOTATION = f"{api.API_GROUP}/pod-proof"
 ProofCheck = Callable[[str | None, str, str, str, str], int | None]
+
+# Which containers run, and from which images: after admission, the only
+# parts of a pod's spec the apiserver lets anyone change are container images
+# and the ephemeral containers (`kubectl debug`); the rest is immutable. The
+# poller records this digest of the pod *as admitted* (after any mutating
+# webhook, e.g. an image mirror's) in `status.podFingerprint`, and a pod whose
+# digest differs later is not the pod it made (`poller.ownership`).
+_FINGERPRINT_KINDS = ("initContainers", "containers", "ephemeralContainers")
+
+
+def pod_fingerprint(spec: Mapping[str, Any] | None) -> str:
+    """The digest of every container's name and image, by kind, in order ("" for none)."""
+    parts: list[list[str]] = []
+    for kind in _FINGERPRINT_KINDS:
+        for container in (spec or {}).get(kind) or []:
+            item = container if isinstance(container, Mapping) else {}
+            parts.append([kind, _text(item.get("name")), _text(item.get("image"))])
+    if not parts:
+        return ""  # no spec was read: nothing to compare
+    text = json.dumps(parts, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 # The spec keys a finished job's view keeps: what `JobView`'s switches and
@@ -117,6 +161,29 @@ FINISHED_SPEC_KEYS = frozenset(
         "gate",
     }
 )
+# The spec keys that control a job rather than say what it evaluates: the
+# only ones that may change once its first pod exists (the admission policy
+# `lmevaljob-requester-rights` refuses other edits; `spec_digest` is the
+# poller's own check).
+CONTROL_SPEC_KEYS = frozenset(
+    {"cancel", "suspend", "ttlSecondsAfterFinished", "activeDeadlineSeconds"}
+)
+
+
+def spec_digest(spec: Mapping[str, Any]) -> str:
+    """The digest of what a job evaluates: its spec without `CONTROL_SPEC_KEYS`.
+
+    Recorded in `status.specDigest` when the first pod is made; a started
+    job whose spec no longer has it was edited after it started, and its
+    results would be paired with a spec that did not produce them. (A schema
+    default added to the CRD later would show in every stored spec: such a
+    field must be left out here too.)
+    """
+    evaluated = {k: v for k, v in spec.items() if k not in CONTROL_SPEC_KEYS}
+    text = json.dumps(evaluated, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 # And the status fields it leaves out (the status is only ever merge-patched,
 # so a field missing from a view is never erased by a write).
 FINISHED_STATUS_OMITS = frozenset({"results", "conditions", "provenance"})
@@ -152,6 +219,9 @@ class JobView:
     # WorkloadPriorityClass; empty without them.
     queue_name: str = ""
     priority_class: str = ""
+    # `spec_digest` of an unfinished job's spec ("" for a finished one, whose
+    # view keeps a part of its spec only).
+    digest: str = ""
 
     # Lifecycle switches, read from the raw spec: validating every spec on
     # every cycle would cost more than listing it.
@@ -179,7 +249,9 @@ class JobView:
         spec: dict[str, Any] = obj.get("spec") or {}
         status: dict[str, Any] = obj.get("status") or {}
         text = status.get("results")
-        if status.get("state") == api.JobState.COMPLETE.value:
+        finished = status.get("state") == api.JobState.COMPLETE.value
+        digest = "" if finished else spec_digest(spec)
+        if finished:
             # A gated job keeps its conditions: its gate writes condition Regressed
             # after it finished, and a merge patch replaces the whole list.
             omits = FINISHED_STATUS_OMITS - {"conditions"} if spec.get("gate") else None
@@ -198,6 +270,7 @@ class JobView:
             scores=results.parse_scores(text) if isinstance(text, str) else (),
             queue_name=_label(meta, KUEUE_QUEUE_LABEL),
             priority_class=_label(meta, KUEUE_PRIORITY_LABEL),
+            digest=digest,
         )
 
     @classmethod
@@ -329,6 +402,10 @@ class PodView:
     # Which of the job's pods the poller's keyed proof says this is (see
     # `poller.identity`); None when it carries no valid proof: not ours.
     proof_attempt: int | None = None
+    # `pod_fingerprint` of its spec as listed, and what in the pod itself shows
+    # it was changed after admission ("" when nothing does).
+    fingerprint: str = ""
+    altered: str = ""
 
     @classmethod
     def from_object(
@@ -343,7 +420,10 @@ class PodView:
             None,
         )
         owner = controller_reference(meta)
+        spec = obj.get("spec") or {}
         return cls(
+            fingerprint=pod_fingerprint(spec),
+            altered=_altered(spec, status),
             name=meta.get("name", ""),
             namespace=meta.get("namespace", ""),
             uid=meta.get("uid", ""),
@@ -373,6 +453,38 @@ class PodView:
                 "",
             ),
         )
+
+
+def _altered(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
+    """What in the pod shows it runs something other than what was admitted, or "".
+
+    The poller's pods never restart (restartPolicy Never) and never get
+    ephemeral containers, so a restart means the kubelet replaced a container
+    whose image was changed; and a container pinned by digest must run that
+    digest (the kubelet's imageID, when it reports a repository digest).
+    """
+    ephemeral = [_text(c.get("name")) for c in spec.get("ephemeralContainers") or []]
+    if ephemeral:
+        return f"ephemeral container {ephemeral[0]} was added to it"
+    images = {
+        _text(c.get("name")): _text(c.get("image"))
+        for kind in ("initContainers", "containers")
+        for c in spec.get(kind) or []
+    }
+    for kind in ("initContainerStatuses", "containerStatuses"):
+        for item in status.get(kind) or []:
+            name = _text(item.get("name"))
+            restarts = item.get("restartCount")
+            if isinstance(restarts, int) and not isinstance(restarts, bool) and restarts > 0:
+                return (
+                    f"its container {name} was restarted {restarts} time(s), which the kubelet "
+                    "does to a pod that never restarts only when the container's image changed"
+                )
+            pinned = images.get(name, "").partition("@")[2]
+            ran = _text(item.get("imageID")).partition("@")[2]
+            if pinned and ran and pinned != ran:
+                return f"its container {name} runs {ran}, not the pinned image digest {pinned}"
+    return ""
 
 
 def _blocking_init(status: dict[str, Any]) -> tuple[str, ContainerView] | None:

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from driver.protocol import encode_marker, encode_results
 from poller import api
 from poller.kube import Kube
 from poller.reconciler import CycleReport, Reconciler
@@ -144,6 +145,37 @@ def cycle_until(
         return probe()
 
     return wait_for(step, timeout=timeout, interval=0.2, what=what)
+
+
+# Perfect scores, as a hostile pod's log would claim them.
+FORGED_RESULTS = {"results": {"toy_mc": {"acc,none": 1.0}}, "configs": {}}
+
+
+def forged_log(results: dict[str, Any] = FORGED_RESULTS) -> str:
+    """A complete driver log claiming `results`, made with the real encoder."""
+    lines = [encode_marker("started", run_id="forged")]
+    lines += encode_results(json.dumps(results).encode(), "forged")
+    lines.append(encode_marker("completed", run_id="forged", exit_code=0, results_path="/x"))
+    return "\n".join(lines) + "\n"
+
+
+def cycle_until_state(poller: Reconciler, jobs: Jobs, name: str, state: str) -> dict[str, Any]:
+    """Run poller cycles until job `name` is in `state`; its status then."""
+    status: dict[str, Any] = cycle_until(
+        poller,
+        lambda: jobs.status(name).get("state") == state and jobs.status(name),
+        what=f"{name} {state}",
+    )
+    return status
+
+
+def wait_pod_gone(jobs: Jobs, uid: str, what: str = "the pod deleted") -> None:
+    """Wait until no pod of `jobs`' namespace has UID `uid`."""
+    wait_for(
+        lambda: not [p for p in jobs.pods() if p.metadata and p.metadata.uid == uid],
+        timeout=30,
+        what=what,
+    )
 
 
 @dataclass(frozen=True)

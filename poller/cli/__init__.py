@@ -2,11 +2,12 @@
 
 Installed as ``lmeval`` and as ``kubectl-lmeval`` (so ``kubectl lmeval ...``
 works). Module map: ``__main__`` (commands, flags, exit), ``kubeconfig``
-(context and namespace as kubectl finds them), ``client`` (the API calls,
-and a job looked up by the name a person typed), ``errors`` (actionable
-messages, exit codes), ``submit`` (flags or a file to a validated
-LMEvalJob), ``commands`` (submit, list, get, results, compare, cancel,
-suspend, resume), ``follow`` (logs and wait, by polling), ``facts`` (facts
-about a job) and ``render`` (tables and formats). See README.md beside this
-file.
+(context and namespace as kubectl finds them), ``client`` (the API calls, a
+job looked up by the name a person typed, and the one read of the objects
+that belong to a job, which refuses any the job does not control),
+``errors`` (actionable messages, exit codes), ``submit`` (flags or a file to
+a validated LMEvalJob), ``commands`` (submit, list, get, results, compare,
+cancel, suspend, resume), ``follow`` (logs and wait, by polling), ``facts``
+(facts about a job) and ``render`` (tables and formats). See README.md
+beside this file.
 """

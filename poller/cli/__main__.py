@@ -31,8 +31,9 @@ exit codes:
   3  invalid flags, spec or file; request refused as invalid
   4  job not found, or it has no pod, log or results yet
   5  the LMEvalJob API is not installed on the cluster
-  6  permission denied (RBAC)
+  6  permission denied (RBAC, or an admission policy: its own message)
   7  kubeconfig, credentials or connection problem, other API errors
+  8  an object the job names (results ConfigMap, pod) is not the job's: not shown
 """
 
 Command = Callable[[argparse.Namespace, Cluster, Output], int]

@@ -7,9 +7,15 @@ So each request carries its verb, resource and namespace, and a non-2xx
 answer becomes an :class:`~poller.cli.errors.ApiError` holding the
 apiserver's Status body next to that intent; :func:`errors.explain` turns it
 into words; :func:`fetch_job` adds what a person needs when the name they
-typed matches no job. Requests use the client's plumbing (TLS, credentials, pooling)
-with plain JSON in and out, like ``poller.kube``: the typed models would
-drop unknown fields and cost more than they give a printer.
+typed matches no job. Every object read besides the job itself (its results
+ConfigMap, its pod) goes through :func:`owned_object`, which shows nothing
+of an object whose controller ownerReference is not the job: names are
+predictable, and a co-tenant may create one first or replace it (the claims
+admission policy keeps anyone but the poller from naming an LMEvalJob as
+owner, and the apiserver allows one controller per object). Requests use
+the client's plumbing (TLS, credentials, pooling) with plain JSON in and
+out, like ``poller.kube``: the typed models would drop unknown fields and
+cost more than they give a printer.
 """
 
 from __future__ import annotations
@@ -28,12 +34,25 @@ from poller.cli.errors import (
     ExitCode,
     explain,
     job_not_found,
+    not_owned,
     parse_status,
     suggest,
 )
 from poller.cli.rawapi import send
+from poller.ownership import controller_uid
+from poller.results import results_configmap_name
+from poller.views import controller_reference
 
-__all__ = ["JOBS_PREFIX", "Cluster", "fetch_job", "split_ref"]
+__all__ = [
+    "JOBS_PREFIX",
+    "Cluster",
+    "controller_text",
+    "fetch_job",
+    "owned_object",
+    "results_configmap",
+    "results_configmap_of",
+    "split_ref",
+]
 
 JOBS_PREFIX = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
 PAGE_SIZE = 500
@@ -182,9 +201,17 @@ class Cluster:
 
     # -- what belongs to a job -------------------------------------------------
 
-    def list_events(self, name: str, namespace: str) -> list[dict[str, Any]]:
-        """core/v1 Events about the job named `name`."""
+    def list_events(self, name: str, namespace: str, uid: str = "") -> list[dict[str, Any]]:
+        """core/v1 Events about the job named `name` (with `uid`: about that job only).
+
+        The UID leaves out events about an earlier job of the same name. An
+        Event is not owned by anything, and whoever may create Events can
+        write one about any object: events are shown as what they are,
+        reports, never read as results.
+        """
         selector = f"involvedObject.name={name},involvedObject.kind={api.KIND}"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
         return list(
             self._pages(
                 f"/api/v1/namespaces/{namespace}/events",
@@ -195,14 +222,17 @@ class Cluster:
             )
         )
 
-    def get_configmap(self, name: str, namespace: str) -> dict[str, Any] | None:
-        """A ConfigMap, or None when it does not exist."""
+    def get_core(self, resource: str, name: str, namespace: str) -> dict[str, Any] | None:
+        """A core/v1 object (`resource`: configmaps, pods), or None when it does not exist.
+
+        Unchecked: what belongs to a job is read through `owned_object`.
+        """
         try:
             found: dict[str, Any] = self._json(
                 "GET",
-                f"/api/v1/namespaces/{namespace}/configmaps/{name}",
+                f"/api/v1/namespaces/{namespace}/{resource}/{name}",
                 verb="get",
-                resource="configmaps",
+                resource=resource,
                 namespace=namespace,
                 name=name,
             )
@@ -298,3 +328,46 @@ def fetch_job(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
             names = []
         elsewhere = [] if suggest(name, names) else _names_elsewhere(cluster, name)
         raise job_not_found(name, namespace, names, elsewhere) from error
+
+
+# -- what belongs to a job: checked by its controller ------------------------------
+
+
+def controller_text(obj: dict[str, Any]) -> str:
+    """The object's controller ownerReference in words: 'LMEvalJob x (uid u)' or 'none'."""
+    owner = controller_reference(obj.get("metadata") or {})
+    if not owner:
+        return "none"
+    return f"{owner.get('kind') or '?'} {owner.get('name') or '?'} (uid {owner.get('uid') or '?'})"
+
+
+def owned_object(
+    cluster: Cluster, job: dict[str, Any], resource: str, name: str
+) -> dict[str, Any] | None:
+    """The object `name` of `resource` in the job's namespace, when the job is its controller.
+
+    None when it does not exist; CliError (NOT_OWNED) naming its actual
+    controller when that is not the job (by UID: a job deleted and created
+    again under its name is another job); ApiError for any other failure.
+    The one read of a job's objects: nothing else reads them.
+    """
+    meta = job["metadata"]
+    namespace, uid = str(meta["namespace"]), str(meta.get("uid") or "")
+    found = cluster.get_core(resource, name, namespace)
+    if found is None:
+        return None
+    if not uid or controller_uid(found) != uid:
+        raise not_owned(resource, name, namespace, str(meta["name"]), uid, controller_text(found))
+    return found
+
+
+def results_configmap_of(job: dict[str, Any]) -> str:
+    """The name of the job's results ConfigMap: as its status names it, else the poller's."""
+    status = job.get("status")
+    named = status.get("resultsConfigMap") if isinstance(status, dict) else None
+    return str(named or results_configmap_name(str(job["metadata"]["name"])))
+
+
+def results_configmap(cluster: Cluster, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's results ConfigMap, checked (`owned_object`); None when absent."""
+    return owned_object(cluster, job, "configmaps", results_configmap_of(job))

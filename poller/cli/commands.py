@@ -7,7 +7,9 @@ rule: a job named by a person is looked up with ``client.fetch_job``, so a
 missing job is reported with the names it was probably meant to be (difflib
 over the namespace's jobs) or the namespace it lives in, never as a bare
 404. Results come from the job's status, or from its results ConfigMap when
-status holds a reduced copy and the complete document is asked for. Every
+status holds a reduced copy and the complete document is asked for; the
+ConfigMap is read only through ``client.results_configmap``, which refuses
+one the job does not control (exit 8) before anything of it is shown. Every
 command returns its exit code; errors travel as ``CliError``.
 """
 
@@ -19,14 +21,9 @@ from typing import Any
 
 from poller import api, timefmt
 from poller.cli import facts, follow, paired, render, rerun, submit
-from poller.cli.client import Cluster, fetch_job, split_ref
+from poller.cli.client import Cluster, fetch_job, results_configmap, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
-from poller.results import (
-    RESULTS_GZ_KEY,
-    RESULTS_KEY,
-    packed_results_text,
-    results_configmap_name,
-)
+from poller.results import RESULTS_GZ_KEY, RESULTS_KEY, packed_results_text
 
 __all__ = [
     "cmd_compare",
@@ -166,7 +163,7 @@ def cmd_get(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> i
     events: list[dict[str, Any]] | None
     note = ""
     try:
-        events = cluster.list_events(name, namespace)
+        events = cluster.list_events(name, namespace, str(job["metadata"].get("uid") or ""))
     except ApiError as error:
         events, note = None, f"(not shown: {explain(error).message})"
     for part in render.details(job, events, note, timefmt.now()):
@@ -178,11 +175,13 @@ def cmd_get(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> i
 
 
 def _results_configmap(cluster: Cluster, job: dict[str, Any]) -> dict[str, Any] | None:
-    """The job's results ConfigMap, or None (absent, or no right to read it)."""
-    meta = job["metadata"]
-    name = facts.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"])
+    """The job's results ConfigMap, or None (absent, or no right to read it).
+
+    One that is not the job's is an error (CliError, exit 8), never None: the
+    command stops before it shows anything, rather than fall back quietly.
+    """
     try:
-        return cluster.get_configmap(str(name), str(meta["namespace"]))
+        return results_configmap(cluster, job)
     except ApiError:
         return None
 
@@ -290,6 +289,8 @@ def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
         try:
             rows = facts.score_rows(results_of(cluster, job), facts.spec(job).get("tasks"))
         except CliError as error:
+            if error.code != ExitCode.NOT_FOUND:  # a results ConfigMap not the job's
+                raise
             out.note(f"{label}: {error.message}")
             rows = []
         columns.append({(r.task, r.metric, r.filter): r for r in rows})

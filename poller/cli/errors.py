@@ -21,13 +21,16 @@ from poller import api, apierrors
 
 __all__ = [
     "API_NOT_FOUND",
+    "USER_ROLES",
     "ApiError",
     "CliError",
     "ExitCode",
     "explain",
     "forbidden_message",
     "job_not_found",
+    "not_owned",
     "parse_status",
+    "role_for",
     "suggest",
 ]
 
@@ -41,8 +44,9 @@ class ExitCode(IntEnum):
     USAGE = 3  # bad flags, an invalid spec or file, a request the server refused as invalid
     NOT_FOUND = 4  # no such job, or it has no pod, log or results (yet)
     NOT_INSTALLED = 5  # the LMEvalJob API is not served: the poller is not installed
-    FORBIDDEN = 6  # RBAC refused the request
+    FORBIDDEN = 6  # 403: RBAC, or an admission policy (its own words)
     CLUSTER = 7  # kubeconfig, credentials, unreachable server, other API errors
+    NOT_OWNED = 8  # an object the job names (results ConfigMap, pod) is not the job's
     INTERRUPTED = 130  # Ctrl-C
 
 
@@ -50,12 +54,38 @@ INSTALL_HINT = "kubectl apply -k deploy/overlays/kubernetes"
 API_NOT_FOUND = (
     f"LMEvalJob API not found on this cluster: is the lmeval poller installed? ({INSTALL_HINT})"
 )
-# The apiserver's RBAC refusal, e.g. 'User "alice" cannot list resource
-# "lmevaljobs" in API group "g" in the namespace "ns"'.
+# The apiserver's RBAC refusal, e.g. 'lmevaljobs.g is forbidden: User "alice"
+# cannot list resource "lmevaljobs" in API group "g" in the namespace "ns"',
+# possibly followed by the authorizer's reason (': RBAC: clusterrole ... not
+# found'). Anchored at the start or right after "is forbidden: ": an admission
+# denial has its own words there ("ValidatingAdmissionPolicy '...' ...",
+# "admission webhook ..."), so a policy message that quotes such a sentence is
+# still read as the policy's.
 _FORBIDDEN_RE = re.compile(
-    r'User "(?P<user>[^"]*)" cannot (?P<verb>\S+) resource "(?P<resource>[^"]*)"'
+    r'(?:^|is forbidden: )User "(?P<user>[^"]*)" cannot (?P<verb>\S+) '
+    r'resource "(?P<resource>[^"]*)"'
     r'(?: in API group "(?P<group>[^"]*)")?'
-    r'(?: in the namespace "(?P<namespace>[^"]*)"| at the cluster scope)?'
+    r'(?: in the namespace "(?P<namespace>[^"]*)"|(?P<cluster> at the cluster scope))?'
+    r"(?P<rest>.*)$",
+    re.DOTALL,
+)
+
+# What the ClusterRoles for people grant (deploy/base/user-roles.yaml; the
+# unit tests compare this with the file), least first: the role advised for
+# an RBAC denial is the first that grants the refused verb on the refused
+# resource of the LMEvalJob group, and no role is advised when none does
+# (e.g. an update of lmevaljobs/status: that is the poller's).
+_VIEW_VERBS = ("get", "list", "watch")
+_EDIT_VERBS = (*_VIEW_VERBS, "create", "update", "patch", "delete", "deletecollection")
+USER_ROLES: tuple[tuple[str, frozenset[tuple[str, str]]], ...] = (
+    (
+        "lmeval-jobs-view",
+        frozenset((v, r) for v in _VIEW_VERBS for r in (api.PLURAL, f"{api.PLURAL}/status")),
+    ),
+    (
+        "lmeval-jobs-edit",
+        frozenset([(v, api.PLURAL) for v in _EDIT_VERBS] + [("get", f"{api.PLURAL}/status")]),
+    ),
 )
 
 
@@ -123,30 +153,62 @@ def _where(namespace: str | None) -> str:
     return f' in namespace "{namespace}"' if namespace else " at the cluster scope"
 
 
+def role_for(verb: str, resource: str, group: str) -> str | None:
+    """The least of `USER_ROLES` that grants `verb` on `resource` of `group`, if any."""
+    if group != api.API_GROUP:
+        return None
+    return next((name for name, grants in USER_ROLES if (verb, resource) in grants), None)
+
+
+def _role_advice(role: str | None, namespace: str | None, server_adds: str) -> str:
+    """What to ask for after an RBAC denial ("" when no role of ours would help)."""
+    if role is None:
+        return ""
+    if role in server_adds:
+        # The authorizer's reason names the role (bound, but missing from the
+        # cluster, say): binding it again would change nothing.
+        return ""
+    if namespace is None:
+        return (
+            f"; at the cluster scope only a ClusterRoleBinding to the {role} ClusterRole "
+            "grants this (a RoleBinding covers one namespace): name a namespace with -n, "
+            "or ask a cluster admin for one"
+        )
+    return f"; ask a cluster admin to bind the {role} ClusterRole to you"
+
+
 def forbidden_message(error: ApiError) -> str:
-    """Who may not do which verb on which resource where, and how to check."""
+    """A 403 in words: an RBAC denial with the role that grants it, else the server's reason.
+
+    An RBAC denial names who may not do which verb on which resource where,
+    the `lmeval-jobs-*` role that would grant it (only when one does) and how
+    to check. Any other refusal (an admission policy names what is wrong with
+    the request) is the server's message verbatim, with no advice.
+    """
     match = _FORBIDDEN_RE.search(error.message)
-    user = match["user"] if match else ""
-    verb = match["verb"] if match else error.verb
-    resource = match["resource"] if match else error.resource
-    group = (match["group"] if match and match["group"] is not None else None) or error.group
-    namespace = match["namespace"] if match else error.namespace
-    if match and match["namespace"] is None and "at the cluster scope" in error.message:
-        namespace = None
+    if match is None:
+        if error.message:
+            return error.message
+        return (
+            f"permission denied: the API server refused to {error.verb} "
+            f"{_qualified(error.resource, error.group)}{_where(error.namespace)} "
+            "(403 Forbidden, without a reason)"
+        )
+    user, verb, resource = match["user"], match["verb"], match["resource"]
+    group = match["group"] if match["group"] is not None else error.group
+    namespace = match["namespace"] or (None if match["cluster"] else error.namespace)
+    server_adds = match["rest"].strip().lstrip(":;, ").strip()
     base, _, sub = resource.partition("/")
     target = _qualified(base, group) + (f"/{sub}" if sub else "")
-    who = f'user "{user}"' if user else "you"
     can_i = f"kubectl auth can-i {verb} {_qualified(base, group)}"
     if sub:
         can_i += f" --subresource={sub}"
     can_i += f" -n {namespace}" if namespace else " --all-namespaces"
-    hint = ""
-    if group == api.API_GROUP:
-        role = "lmeval-jobs-view" if verb in {"get", "list", "watch"} else "lmeval-jobs-edit"
-        hint = f"; ask a cluster admin to bind the {role} ClusterRole to you"
+    said = f" ({server_adds})" if server_adds else ""
+    advice = _role_advice(role_for(verb, resource, group), namespace, server_adds)
     return (
-        f"permission denied: {who} may not {verb} {target}{_where(namespace)}{hint} "
-        f"(check with: {can_i})"
+        f'permission denied: user "{user}" may not {verb} {target}{_where(namespace)}{said}'
+        f"{advice} (check with: {can_i})"
     )
 
 
@@ -224,3 +286,46 @@ def job_not_found(
     elif not candidates:
         message += " (there are no LMEvalJobs there; `lmeval list -A` shows all namespaces)"
     return CliError(message, ExitCode.NOT_FOUND)
+
+
+# What is lost when an object a job names is not the job's, and what to do;
+# by the object's resource (the kinds the CLI reads besides the job itself).
+_NOT_OWNED_CONSEQUENCE = {
+    "configmaps": (
+        "ConfigMap",
+        "it is not the one the poller made for this job (another user may have created or "
+        "replaced it under the name the job's status gives), so nothing in it is shown: the "
+        "job's full results (the complete results document, per-item scores, provenance, "
+        "archived log) are unavailable; what the job's status holds is the poller's "
+        "(lmeval get {job})",
+    ),
+    "pods": (
+        "pod",
+        "it is not the pod the poller made for this job (another user may have created it "
+        "under the job's pod name), so its log is not shown: it is not this job's evaluation",
+    ),
+}
+
+
+def not_owned(
+    resource: str,
+    name: str,
+    namespace: str,
+    job_name: str,
+    job_uid: str,
+    controller: str,
+) -> CliError:
+    """An object the job names is not the job's: which, whose it is, what that means, what to do.
+
+    `controller` describes the object's actual controller ownerReference
+    ("none", or "LMEvalJob other (uid ...)").
+    """
+    kind, consequence = _NOT_OWNED_CONSEQUENCE.get(resource, (resource, "it is not shown"))
+    return CliError(
+        f"{kind} {name} in namespace {namespace} is not LMEvalJob {job_name}'s: its controller "
+        f"ownerReference is {controller}, not the job (uid {job_uid}); "
+        f"{consequence.format(job=job_name)}. Delete it (kubectl delete {resource} {name} "
+        f"-n {namespace}), run the job again (lmeval rerun {job_name}), and ask who may create "
+        f"{resource} in namespace {namespace}",
+        ExitCode.NOT_OWNED,
+    )

@@ -10,8 +10,12 @@ many lines carried it) drops what was already shown, so no line is printed
 twice or lost. The driver's ``::lmeval::`` marker lines are hidden unless
 ``--raw``. When the pod is gone (cancelled, suspended, deleted), the tail of
 its log that the poller archived in the results ConfigMap is shown instead,
-saying so on stderr. ``wait`` polls the job's status and draws a rich
-progress bar on a terminal, or prints one line per change in a pipe.
+saying so on stderr. The pod and the ConfigMap are read only when the job is
+their controller (``client.owned_object``): a pod someone else made under
+the job's pod name is refused before a line of its log is printed (exit 8),
+and so is a ConfigMap under the results' name. ``wait`` polls the job's
+status and draws a rich progress bar on a terminal, or prints one line per
+change in a pipe.
 """
 
 from __future__ import annotations
@@ -33,9 +37,15 @@ from rich.progress import (
 from driver.protocol import MARKER_PREFIX
 from poller import api, podspec, timefmt
 from poller.cli import facts, render
-from poller.cli.client import Cluster, fetch_job
+from poller.cli.client import (
+    Cluster,
+    fetch_job,
+    owned_object,
+    results_configmap,
+    results_configmap_of,
+)
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
-from poller.results import LOG_ARCHIVE_KEY, results_configmap_name
+from poller.results import LOG_ARCHIVE_KEY
 from poller.settings import parse_duration
 
 __all__ = ["LogCursor", "follow_job", "show_logs", "timeout_seconds", "visible", "wait_job"]
@@ -115,14 +125,45 @@ def _pod_of(job: dict[str, Any]) -> str:
 
 
 def _archived_tail(cluster: Cluster, job: dict[str, Any]) -> tuple[str, str] | None:
-    meta = job["metadata"]
-    name = str(facts.status(job).get("resultsConfigMap") or results_configmap_name(meta["name"]))
     try:
-        found = cluster.get_configmap(name, str(meta["namespace"]))
+        found = results_configmap(cluster, job)
     except ApiError as error:
         raise explain(error) from error
     text = ((found or {}).get("data") or {}).get(LOG_ARCHIVE_KEY)
-    return (name, text) if text is not None else None
+    return (results_configmap_of(job), text) if isinstance(text, str) else None
+
+
+def _own_pod_log(
+    cluster: Cluster,
+    job: dict[str, Any],
+    pod: str,
+    *,
+    tail_lines: int | None,
+    since_time: str | None,
+) -> str | None:
+    """The log of the job's pod, None when there is no such pod.
+
+    The pod is checked first (`owned_object`: CliError when the job is not its
+    controller), then its log read by name. A pod replaced between the two
+    requests would have to be deleted first, which ends the job's evaluation
+    (and fails the job: the poller finds it gone); the check is repeated on
+    every poll.
+    """
+    try:
+        if owned_object(cluster, job, "pods", pod) is None:
+            return None
+        return cluster.read_log(
+            pod,
+            str(job["metadata"]["namespace"]),
+            podspec.MAIN_CONTAINER,
+            tail_lines=tail_lines,
+            since_time=since_time,
+            timestamps=True,
+        )
+    except ApiError as error:
+        if error.status == 404 and error.details.get("kind") == "pods":
+            return None
+        raise
 
 
 def _print(out: render.Output, lines: list[str], raw: bool, tail: int | None = None) -> int:
@@ -172,41 +213,37 @@ def show_logs(
     while True:
         finished = facts.state(job) == api.JobState.COMPLETE.value
         pod = _pod_of(job)
+        why = ""
         try:
             read_tail = (tail * _TAIL_SLACK + 100) if first and tail is not None else None
-            text = cluster.read_log(
-                pod,
-                namespace,
-                podspec.MAIN_CONTAINER,
-                tail_lines=read_tail,
-                since_time=cursor.since_time(),
-                timestamps=True,
+            text = _own_pod_log(
+                cluster, job, pod, tail_lines=read_tail, since_time=cursor.since_time()
             )
+        except ApiError as error:
+            if error.status != 400:  # 400: e.g. the container is waiting to start
+                raise explain(error) from error
+            if not follow or finished:
+                raise _no_log(job, error.message) from error
+            text, why = "", f"waiting: {error.message}"
+        if text is None:
+            gone = printed == 0 and _show_archive(cluster, out, job, raw, tail)
+            if gone or (printed and finished):
+                return ExitCode.OK
+            if printed:
+                out.note(
+                    f"pod {pod} was deleted; the rest of its log was archived in "
+                    f"ConfigMap {results_configmap_of(job)} (if the poller saw it)"
+                )
+                return ExitCode.OK
+            if not follow or finished:
+                raise _no_log(job, f"it has no pod (state {facts.state(job)})")
+            why = f"waiting for the pod of {name} (state {facts.state(job)})"
+        elif not why:
             printed += _print(out, cursor.new_lines(text), raw, tail if first else None)
             first = False
-        except ApiError as error:
-            if error.status == 404 and error.details.get("kind") == "pods":
-                gone = printed == 0 and _show_archive(cluster, out, job, raw, tail)
-                if gone or (printed and finished):
-                    return ExitCode.OK
-                if printed:
-                    out.note(
-                        f"pod {pod} was deleted; the rest of its log was archived in "
-                        f"ConfigMap {results_configmap_name(name)} (if the poller saw it)"
-                    )
-                    return ExitCode.OK
-                if not follow or finished:
-                    raise _no_log(job, f"it has no pod (state {facts.state(job)})") from error
-                why = f"waiting for the pod of {name} (state {facts.state(job)})"
-            elif error.status == 400:  # e.g. the container is waiting to start
-                if not follow or finished:
-                    raise _no_log(job, error.message) from error
-                why = f"waiting: {error.message}"
-            else:
-                raise explain(error) from error
-            if why != waiting_said:
-                out.note(why)
-                waiting_said = why
+        if why and why != waiting_said:
+            out.note(why)
+            waiting_said = why
         if not follow or finished:
             return ExitCode.OK
         time.sleep(interval)

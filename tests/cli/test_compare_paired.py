@@ -96,8 +96,8 @@ def _finished(
     provenance: dict[str, Any] | None,
     **extra_status: Any,
 ) -> None:
-    """A Complete job with its results ConfigMap, as the poller leaves them."""
-    jobs.create(name, tasks=["toy_mc", "toy_gen"])
+    """A Complete job with its results ConfigMap, as the poller leaves them (owned by the job)."""
+    created = jobs.create(name, tasks=["toy_mc", "toy_gen"])
     data = {RESULTS_KEY: json.dumps(results)}
     binary = {}
     if provenance is not None:
@@ -106,7 +106,22 @@ def _finished(
         binary[ITEMS_KEY] = base64.b64encode(gzip.compress(encode_item_scores(items))).decode()
     jobs.core.create_namespaced_config_map(
         jobs.namespace,
-        {"metadata": {"name": f"{name}-results"}, "data": data, "binaryData": binary},
+        {
+            "metadata": {
+                "name": f"{name}-results",
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+                        "kind": api.KIND,
+                        "name": name,
+                        "uid": created["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "data": data,
+            "binaryData": binary,
+        },
     )
     status: dict[str, Any] = {
         "state": "Complete",

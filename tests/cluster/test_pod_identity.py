@@ -40,7 +40,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.protocol import encode_marker, encode_results
 from poller import podspec, results
 from poller.identity import KEY_FIELD, KEY_SECRET
 from poller.kube import Kube
@@ -52,22 +51,13 @@ from tests.poller_fixtures import (
     CapturedRun,
     Jobs,
     cycle_until,
+    forged_log,
     serve_log,
     terminate,
 )
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-
-FORGED_RESULTS = {"results": {"toy_mc": {"acc,none": 1.0}}, "configs": {}}
-
-
-def _forged_log() -> str:
-    """A log whose markers claim perfect scores, made with the real encoder."""
-    lines = [encode_marker("started", run_id="forged")]
-    lines += encode_results(json.dumps(FORGED_RESULTS).encode(), "forged")
-    lines.append(encode_marker("completed", run_id="forged", exit_code=0, results_path="/x"))
-    return "\n".join(lines) + "\n"
 
 
 def _claiming_pod(
@@ -143,7 +133,7 @@ def test_a_claiming_pod_beside_the_real_one_is_ignored(
     core = client.CoreV1Api(admin_api)
     core.create_namespaced_pod(jobs.namespace, _claiming_pod("victim-fake", jobs.namespace, job))
     _wait_pod_running(core, jobs.namespace, "victim-fake")
-    serve_log(admin_api, jobs.namespace, "victim-fake", _forged_log(), tmp_path)
+    serve_log(admin_api, jobs.namespace, "victim-fake", forged_log(), tmp_path)
     terminate(admin_api, jobs.namespace, "victim-fake", 0)
     for _ in range(3):  # the forged pod has ended: nothing may come of it
         assert poller.run_cycle().errors == 0

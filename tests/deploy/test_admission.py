@@ -21,11 +21,15 @@ Checks, on LMEvalJobs of the real CRD:
 - more than 8 distinct Secrets are refused unless the requester may read
   every Secret of the namespace (the per-name checks are capped by CEL's cost
   budget);
-- a requester who may not create pods is refused any job;
+- a requester who may not create pods is admitted a job that runs only the
+  image's own tasks with objects they may read, and refused one that runs code
+  of theirs or reaches a claim's data (``allowCodeExecution``, ``customTasks``,
+  ``outputs.pvcName``, ``offline.storage.pvcName``), naming the field and why;
 - updates are judged again when they change the spec, but not for
   ``cancel``/``suspend`` nor for metadata;
 - a finished job's spec is not edited (422, the message says to use
-  ``lmeval rerun``), while its TTL and labels stay editable;
+  ``lmeval rerun``), while its TTL and labels stay editable; nor a started
+  one's (its first pod made), but for cancel, suspend, its TTL and deadline;
 - sidecars (``spec.pod.sidecars``, issue 11) are admitted for a requester who
   may create pods and refused, with "sidecars need the right to create pods
   in <namespace>", for one who may not;
@@ -178,7 +182,8 @@ SHARED_SECRETS = ["s-shared", *[f"s-{i}" for i in range(MAX_SECRETS)]]
 
 class People:
     """alice: may create pods, reads some named objects; bob: may not create
-    pods; carol: may create pods and claims and read every Secret of the namespace."""
+    pods, reads one Secret, one ConfigMap and one claim; carol: may create pods
+    and claims and read every Secret of the namespace."""
 
     def __init__(self, plane: ControlPlane, namespace: str) -> None:
         self.namespace = namespace
@@ -260,6 +265,19 @@ def people(policy: ControlPlane, admin_api: client.ApiClient, namespace: str) ->
             "resourceNames": ["s-shared"],
             "verbs": ["get"],
         },
+        # Readable, so that only the missing pod rights refuse his jobs that use them.
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["tasks-shared"],
+            "verbs": ["get"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["persistentvolumeclaims"],
+            "resourceNames": ["pvc-shared"],
+            "verbs": ["get"],
+        },
     ]
     carol = [
         JOB_RIGHTS,
@@ -276,7 +294,7 @@ def people(policy: ControlPlane, admin_api: client.ApiClient, namespace: str) ->
     def settled() -> bool:
         # RBAC and the policy reach the apiserver's caches asynchronously.
         admitted, _ = everyone.create("alice", job("probe"))
-        refused, message = everyone.create("bob", job("probe"))
+        refused, message = everyone.create("bob", job("probe", allowCodeExecution=True))
         return admitted == 201 and refused == 403 and "create pods" in message
 
     wait_for(settled, timeout=30, what="RBAC and the admission policy in force")
@@ -439,12 +457,30 @@ def test_git_credentials_need_the_requesters_read_right(people: People) -> None:
     assert people.create("carol", job("j", customTasks=[git_tasks("s-hidden")])) == (201, "")
 
 
-def test_requesters_who_may_not_create_pods_are_refused(people: People) -> None:
-    refused(
-        people.create("bob", job("j", envSecrets=[env_secret("s-shared")])),
-        403,
-        f"spec: bob may not create pods in namespace {people.namespace}",
-    )
+def test_requesters_who_may_not_create_pods_run_only_what_runs_no_code_of_theirs(
+    people: People,
+) -> None:
+    # The image's own tasks, with a Secret bob may read: no pod rights needed.
+    assert people.create("bob", job("plain", envSecrets=[env_secret("s-shared")])) == (201, "")
+    needing = {
+        "spec.allowCodeExecution": ({"allowCodeExecution": True}, "run code of its author"),
+        "spec.customTasks": ({"customTasks": [{"configMap": "tasks-shared"}]}, "unsandboxed"),
+        "spec.outputs.pvcName": ({"outputs": {"pvcName": "pvc-shared"}}, "write into that"),
+        "spec.offline.storage.pvcName": (
+            {"offline": {"storage": {"pvcName": "pvc-shared"}}},
+            "read that claim",
+        ),
+    }
+    for field, (spec, why) in needing.items():
+        refused(
+            people.create("bob", job("j", **spec)),
+            403,
+            f"{field} needs the right to create pods in namespace {people.namespace}, "
+            "which bob does not have",
+            why,
+        )
+    # The same jobs are admitted to a requester who may create pods.
+    assert people.create("carol", job("j", allowCodeExecution=True)) == (201, "")
 
 
 def test_updates_are_judged_unless_they_only_stop_the_job(
@@ -494,6 +530,44 @@ def test_a_finished_jobs_spec_is_not_edited(people: People, admin_api: client.Ap
     # Its TTL, labels and the lifecycle switches stay editable.
     assert people.patch("alice", "done", {"spec": {"ttlSecondsAfterFinished": 60}}) == (200, "")
     assert people.patch("alice", "done", {"metadata": {"labels": {"kept": "yes"}}}) == (200, "")
+
+
+def test_a_started_jobs_spec_is_frozen_but_for_its_switches(
+    people: People, admin_api: client.ApiClient
+) -> None:
+    assert people.create("alice", job("started"), dry_run=False) == (201, "")
+    # Before its first pod, a job is still a draft.
+    assert people.patch("alice", "started", {"spec": {"limit": "5"}}) == (200, "")
+    client.CustomObjectsApi(admin_api).patch_namespaced_custom_object_status(
+        api.API_GROUP,
+        api.API_VERSION,
+        people.namespace,
+        api.PLURAL,
+        "started",
+        {"status": {"state": "Running", "podName": "started-abc123"}},
+    )
+    for edit in (
+        {"limit": "6"},
+        {"tasks": ["other"]},
+        {"modelArgs": [{"name": "a", "value": "b"}]},
+    ):
+        refused(
+            people.patch("alice", "started", {"spec": edit}),
+            422,
+            "spec: LMEvalJob started has started (pod started-abc123)",
+            "only spec.cancel, spec.suspend, spec.ttlSecondsAfterFinished and "
+            "spec.activeDeadlineSeconds may change",
+            "lmeval rerun started",
+        )
+    # Its switches and metadata stay editable.
+    for switch in (
+        {"suspend": True},
+        {"ttlSecondsAfterFinished": 60},
+        {"activeDeadlineSeconds": 600},
+        {"cancel": True},
+    ):
+        assert people.patch("alice", "started", {"spec": switch}) == (200, "")
+    assert people.patch("alice", "started", {"metadata": {"labels": {"k": "v"}}}) == (200, "")
 
 
 def test_sidecars_only_for_requesters_who_may_create_pods(people: People) -> None:

@@ -1,21 +1,28 @@
 """The claims policy in ``deploy/admission/claims-policy.yaml``, with real users.
 
-The user ``mallory`` may create, update and patch pods and create ConfigMaps
-in the test namespace (as every job author may create pods); the poller's
-ServiceAccount acts with a TokenRequest token. Every request is real (or a
-server-side dry run, which admission judges the same way).
+The user ``mallory`` may create, update and patch pods and create ConfigMaps,
+PersistentVolumeClaims and Secrets in the test namespace (as every job
+author may create pods); the poller's ServiceAccount acts with a
+TokenRequest token. Every request is real (or a server-side dry run, which
+admission judges the same way).
 
 Checks: mallory is refused (403, the policy named) a pod carrying each kind
 of claim (the label ``app.kubernetes.io/managed-by: lmeval-poller``, a label
 or an annotation under ``foundation-model-stack.github.com/``, an owner
-reference to an LMEvalJob or to another kind of that group) and a ConfigMap
-owned by an LMEvalJob, each with a message naming the field; the same
-objects without claims are admitted; the poller's ServiceAccount is admitted
-with every claim; on a claimed pod, an UPDATE that adds or changes a claim is
-refused while one that changes an unrelated label, or removes a claim, is
-admitted, and adding a claim to a plain pod is refused; the policy type-checks
-without warnings; and the poller itself, under the policy, runs a job to
-Complete (its pod and results ConfigMap admitted).
+reference to an LMEvalJob or to another kind of that group), a ConfigMap
+owned by an LMEvalJob, and a PersistentVolumeClaim or a Secret with the
+poller's labels or owned by an LMEvalJob, each with a message naming the
+field; the same objects without claims are admitted; the poller's
+ServiceAccount is admitted with every claim (on pods, ConfigMaps and
+PersistentVolumeClaims, the kinds it may create in a job's namespace); on a
+claimed pod, an UPDATE that adds or changes a claim is refused while one that
+changes an unrelated label, or removes a claim, is admitted, and adding a
+claim to a plain pod is refused; the policy type-checks without warnings;
+the poller itself, under the policy, runs a job to Complete (its pod and
+results ConfigMap admitted); and a claim mallory makes under a job's managed
+outputs claim name *without* any claim, which the policy admits, is never
+taken by the poller: the job ends Failed naming it, before any pod, and the
+claim is left as it was.
 
 The control plane is shared by the whole session and other modules create
 claimed pods as the admin (to play forged or pre-existing pods), so the
@@ -26,7 +33,6 @@ test; the policy object alone, unbound, judges nothing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,11 +42,13 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from poller import api
+from poller import api, podstorage
 from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client, service_account_kubeconfig, user_kubeconfig
-from tests.deploy.conftest import DEPLOY, yaml_file
+from poller.sandbox.identities import service_account_kubeconfig, user_kubeconfig
+from tests.deploy import policies
+from tests.deploy.conftest import DEPLOY
+from tests.deploy.policies import Result, apply_policy, bound_to, type_check_status
 from tests.poller_fixtures import (
     POLLER_NS,
     POLLER_USER,
@@ -59,24 +67,13 @@ POLICY = "lmeval-poller-claims"
 GROUP_PREFIX = f"{api.API_GROUP}/"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "lmeval-poller"}
 
-Result = tuple[int, str]
-
-
 # -- installation ---------------------------------------------------------------
-
-
-def _policy_document() -> dict[str, Any]:
-    (policy,) = [d for d in yaml_file(POLICY_FILE) if d["kind"] == "ValidatingAdmissionPolicy"]
-    assert policy["metadata"]["name"] == POLICY
-    return policy
 
 
 @pytest.fixture(scope="module")
 def claims_policy(poller_installed: ControlPlane) -> ControlPlane:
     """The policy object from the file, not its cluster-wide binding."""
-    poller_installed.kubectl(
-        "apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(_policy_document())
-    )
+    apply_policy(poller_installed, POLICY_FILE, POLICY)
     return poller_installed
 
 
@@ -85,76 +82,46 @@ def bound(
     claims_policy: ControlPlane, admin_api: client.ApiClient, namespace: str
 ) -> Iterator[str]:
     """The policy in force in this test's namespace only; the binding goes afterwards."""
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": f"{POLICY}-{namespace}"[:253]},
-        "spec": {
-            "policyName": POLICY,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {
-                    "matchLabels": {"kubernetes.io/metadata.name": namespace},
-                }
-            },
-        },
-    }
-    text = yaml.safe_dump(binding)
-    claims_policy.kubectl("apply", "-f", "-", input_text=text)
     core = client.CoreV1Api(admin_api)
 
     def in_force() -> bool:
-        # The binding reaches the apiserver's policy cache asynchronously.
         try:
             core.create_namespaced_pod(namespace, pod("probe", labels=MANAGED_BY), dry_run="All")
         except ApiException as error:
             return error.status == 403
         return False
 
-    wait_for(in_force, timeout=30, what="the claims policy in force")
-    yield namespace
-    claims_policy.kubectl("delete", "--wait=false", "-f", "-", input_text=text, check=False)
+    with bound_to(claims_policy, POLICY, namespace, in_force):
+        yield namespace
 
 
 # -- requests as people -------------------------------------------------------------
 
 
-class Requester:
-    """Pod and ConfigMap requests in one namespace as one identity, as (status, message)."""
-
-    def __init__(self, kubeconfig: Path, namespace: str) -> None:
-        self.api = api_client(kubeconfig)
-        self.core = client.CoreV1Api(self.api)
-        self.namespace = namespace
-
-    def close(self) -> None:
-        self.api.close()
-
-    def _call(self, call: Any, *args: Any, **kwargs: Any) -> Result:
-        try:
-            call(*args, **kwargs)
-        except ApiException as error:
-            return error.status, json.loads(error.body).get("message", "")
-        return 200, ""
-
-    def create_pod(self, body: dict[str, Any], *, dry_run: bool = True) -> Result:
-        return self._call(
-            self.core.create_namespaced_pod,
-            self.namespace,
-            body,
-            dry_run="All" if dry_run else None,
-        )
+class Requester(policies.Requester):
+    """Pod, ConfigMap, claim and Secret requests in one namespace as one identity."""
 
     def create_configmap(self, body: dict[str, Any], *, dry_run: bool = True) -> Result:
-        return self._call(
+        return self.call(
             self.core.create_namespaced_config_map,
             self.namespace,
             body,
             dry_run="All" if dry_run else None,
         )
 
+    def create_claim(self, body: dict[str, Any], *, dry_run: bool = True) -> Result:
+        return self.call(
+            self.core.create_namespaced_persistent_volume_claim,
+            self.namespace,
+            body,
+            dry_run="All" if dry_run else None,
+        )
+
+    def create_secret(self, body: dict[str, Any]) -> Result:
+        return self.call(self.core.create_namespaced_secret, self.namespace, body, dry_run="All")
+
     def patch_pod(self, name: str, patch: Any) -> Result:
-        return self._call(self.core.patch_namespaced_pod, name, self.namespace, patch)
+        return self.call(self.core.patch_namespaced_pod, name, self.namespace, patch)
 
 
 @pytest.fixture
@@ -164,6 +131,11 @@ def mallory(bound: str, claims_policy: ControlPlane) -> Iterator[Requester]:
     rules = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "update", "patch"]},
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["persistentvolumeclaims", "secrets"],
+            "verbs": ["create"],
+        },
     ]
     objects = [
         {
@@ -255,25 +227,44 @@ def pod(
     }
 
 
+def claim(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = labels
+    if owners:
+        metadata["ownerReferences"] = owners
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata,
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
+def secret(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    body = claim(name, labels=labels, owners=owners)
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": body["metadata"], "data": {}}
+
+
 def refused(result: Result, *words: str) -> None:
-    code, message = result
-    assert code == 403, (code, message)
-    assert f"ValidatingAdmissionPolicy '{POLICY}'" in message, message
-    for word in words:
-        assert word in message, f"{word!r} not in {message!r}"
+    policies.refused(POLICY, result, *words)
 
 
 # -- tests ------------------------------------------------------------------------------
 
 
 def test_the_policy_type_checks_without_warnings(claims_policy: ControlPlane) -> None:
-    def checked() -> dict[str, Any] | None:
-        out = claims_policy.kubectl("get", "validatingadmissionpolicies", POLICY, "-o", "json")
-        status: dict[str, Any] = json.loads(out.stdout).get("status") or {}
-        return status if "typeChecking" in status else None
-
-    status = wait_for(checked, timeout=30, what="the policy's type checking")
-    assert not status["typeChecking"].get("expressionWarnings"), status
+    assert not type_check_status(claims_policy, POLICY).get("expressionWarnings")
 
 
 def test_a_pod_creator_is_refused_every_kind_of_claim(
@@ -333,6 +324,37 @@ def test_a_configmap_owned_by_a_job_is_refused(mallory: Requester, owner: dict[s
     assert mallory.create_configmap(body) == (200, "")
 
 
+def test_a_claim_or_secret_claiming_to_be_the_pollers_is_refused(
+    mallory: Requester, owner: dict[str, Any]
+) -> None:
+    job_uid = {f"{GROUP_PREFIX}job-uid": owner["uid"]}
+    refused(
+        mallory.create_claim(claim("owner-outputs-abc123", owners=[owner])),
+        "metadata.ownerReferences[0]: only the lmeval-poller ServiceAccount may create "
+        "persistentvolumeclaims owned by an LMEvalJob",
+        "mallory is not its ServiceAccount " + POLLER_USER,
+    )
+    refused(
+        mallory.create_claim(claim("owner-outputs-abc123", labels={**MANAGED_BY, **job_uid})),
+        "metadata.labels[app.kubernetes.io/managed-by]: only the lmeval-poller ServiceAccount "
+        "may create persistentvolumeclaims with this label",
+        f"metadata.labels[{GROUP_PREFIX}job-uid]:",
+    )
+    refused(
+        mallory.create_secret(secret("forged", owners=[owner])),
+        "metadata.ownerReferences[0]: only the lmeval-poller ServiceAccount may create "
+        "secrets owned by an LMEvalJob",
+    )
+    refused(
+        mallory.create_secret(secret("forged", labels=job_uid)),
+        f"metadata.labels[{GROUP_PREFIX}job-uid]: only the lmeval-poller ServiceAccount may "
+        "create secrets with this label",
+    )
+    # The same objects without claims are admitted.
+    assert mallory.create_claim(claim("owner-outputs-abc123", labels={"team": "a"})) == (200, "")
+    assert mallory.create_secret(secret("plain", labels={"team": "a"})) == (200, "")
+
+
 def test_the_same_pod_without_claims_is_admitted(mallory: Requester) -> None:
     others = {
         "app.kubernetes.io/managed-by": "helm",  # the label, but another manager
@@ -360,6 +382,8 @@ def test_the_pollers_service_account_is_admitted(
         "metadata": {"name": "owner-results", "labels": MANAGED_BY, "ownerReferences": [owner]},
     }
     assert the_poller.create_configmap(configmap) == (200, "")
+    made = claim("owner-outputs-abc123", labels=MANAGED_BY, owners=[owner])
+    assert the_poller.create_claim(made) == (200, "")
 
 
 def test_updates_are_refused_only_for_new_or_changed_claims(
@@ -440,3 +464,30 @@ def test_the_poller_runs_a_job_to_completion_under_the_policy(
     with pytest.raises(ApiException) as caught:
         jobs.core.create_namespaced_pod(jobs.namespace, forged)
     assert caught.value.status == 403 and POLICY in caught.value.body
+
+
+def test_a_claim_squatted_without_any_claim_is_admitted_and_never_taken(
+    mallory: Requester, poller: Reconciler, jobs: Jobs
+) -> None:
+    assert jobs.namespace == mallory.namespace
+    job = jobs.create("victim", outputs={"pvcManaged": {"size": "1Gi"}})
+    name = podstorage.managed_claim_name("victim", job["metadata"]["uid"])
+    # Mallory reads the job (anyone in the namespace may) and is first:
+    # nothing in her claim claims to be the poller's, so the policy admits it.
+    assert mallory.create_claim(claim(name), dry_run=False) == (200, "")
+    made = jobs.core.read_namespaced_persistent_volume_claim(name, jobs.namespace)
+    final = cycle_until(
+        poller,
+        lambda: jobs.status("victim").get("state") == "Complete" and jobs.status("victim"),
+        what="victim Complete",
+    )
+    assert final["reason"] == "Failed", final
+    assert (
+        f"PersistentVolumeClaim {name} in namespace {jobs.namespace} exists and is not this "
+        "job's outputs claim (it has no controller ownerReference)"
+    ) in final["message"], final["message"]
+    assert final["message"].endswith("delete it, or rename the job")
+    assert not jobs.pods()
+    now = jobs.core.read_namespaced_persistent_volume_claim(name, jobs.namespace)
+    assert now.metadata.resource_version == made.metadata.resource_version
+    assert not now.metadata.owner_references

@@ -83,6 +83,8 @@ def test_overlays_render_the_same_objects(rendered: dict[str, list[Manifest]]) -
         ("ValidatingAdmissionPolicyBinding", "lmevaljob-requester-rights"),
         ("ValidatingAdmissionPolicy", "lmeval-poller-claims"),
         ("ValidatingAdmissionPolicyBinding", "lmeval-poller-claims"),
+        ("ValidatingAdmissionPolicy", "lmeval-job-pods-frozen"),
+        ("ValidatingAdmissionPolicyBinding", "lmeval-job-pods-frozen"),
     }
     assert expected <= _keys(kubernetes)
     for doc in kubernetes:

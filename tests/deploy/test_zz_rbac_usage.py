@@ -10,7 +10,8 @@ exists (create, then update), then deleted by its ``ttlSecondsAfterFinished``;
 a job cancelled while running (its pod deleted, its log archived); a job
 whose results are read with exec (``results-source: exec``); and a
 leader-election Lease acquired and renewed; a job's managed outputs claim made, and
-another's found taken by someone else's claim. Then it reads the apiserver's
+released when the job ends (``keep: true``), and another's found taken by someone
+else's claim. Then it reads the apiserver's
 audit log (which the poller cannot influence) for the whole session so far:
 
 - every (API group, resource, verb) the rules grant was used at least once,
@@ -207,10 +208,20 @@ def test_every_rule_is_used_and_nothing_is_refused(
         client.CoordinationV1Api(admin_api).delete_namespaced_lease(lease, POLLER_NS)
 
     # 5. Managed outputs claims (spec.outputs.pvcManaged): one made before its
-    #    job's pod (create), one whose name a claim of someone else's already
-    #    holds (create meets a conflict, get shows it is not the job's).
-    jobs.create("claimed", outputs={"pvcManaged": {"size": "1Gi"}})
+    #    job's pod (create) and kept, so released when the job ends (patch);
+    #    one whose name a claim of someone else's already holds (create meets
+    #    a conflict, get shows it is not the job's).
+    jobs.create("claimed", outputs={"pvcManaged": {"size": "1Gi", "keep": True}})
     cycle_until(poller, lambda: bool(jobs.status("claimed").get("podName")), what="claim made")
+    jobs.custom.patch_namespaced_custom_object(
+        api.API_GROUP,
+        api.API_VERSION,
+        jobs.namespace,
+        api.PLURAL,
+        "claimed",
+        {"spec": {"cancel": True}},
+    )
+    assert _complete(poller, jobs, "claimed")["reason"] == "Cancelled"
     squatted = jobs.create("squatted", outputs={"pvcManaged": {"size": "1Gi"}})
     jobs.core.create_namespaced_persistent_volume_claim(
         jobs.namespace,

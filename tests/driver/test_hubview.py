@@ -46,14 +46,14 @@ def test_view_links_each_cached_dataset_to_its_main_snapshot(tmp_path: Path) -> 
     (hub / ".locks").mkdir()
 
     view = tmp_path / "view"
-    assert build_view(str(hub), str(view)) == ["allenai/ai2_arc", "plain"]
+    assert build_view(str(hub), str(view)) == (["allenai/ai2_arc", "plain"], [])
     assert (view / "allenai" / "ai2_arc").resolve() == (repo / "snapshots" / ARC_COMMIT)
     assert (view / "plain").resolve() == hub / "datasets--plain" / "snapshots" / ("a" * 40)
     assert sorted(p.name for p in view.iterdir()) == ["allenai", "plain"]
     assert snapshot_of(str(hub / "datasets--two--snap")) is None
     assert snapshot_of(str(hub / "datasets--bad--ref")) is None
     # A missing cache exposes nothing (lm_eval then says what is missing).
-    assert build_view(str(tmp_path / "absent"), str(tmp_path / "view2")) == []
+    assert build_view(str(tmp_path / "absent"), str(tmp_path / "view2")) == ([], [])
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,7 @@ def test_pod_command_is_pinned() -> None:
         f"--log-copy={log}",
         "--",
         "python",
+        "-P",
         "-m",
         "lm_eval",
         "--model=hf",
@@ -84,7 +85,8 @@ def test_pod_command_round_trips_through_the_driver_parser(
     assert options.hold_seconds == (podspec.EXEC_HOLD_SECONDS if exec_mode else 0.0)
     keeps_log = bool(spec.outputs and spec.outputs.pvc_name)
     assert (options.log_copy is not None) == keeps_log
-    assert options.child_argv == ["python", "-m", "lm_eval", *podspec.lm_eval_argv(spec, settings)]
+    lm_eval = ["python", "-P", "-m", "lm_eval", *podspec.lm_eval_argv(spec, settings)]
+    assert options.child_argv == lm_eval
     # `release` (through exec) finds the same root from the pod's environment.
     env = {e["name"]: e.get("value") for e in _main(pod)["env"]}
     assert env[protocol.ENV_OUTPUT_ROOT] == options.output_root

@@ -6,9 +6,10 @@ WaitingForBaseline, BaselineFailed, JobNotSucceeded, NoItemScores for
 either side, NotComparable for a job naming itself and for a refused
 pairing, including lm_eval's task hashes kept beside the items,
 InvalidGate); that the per-item scores are asked for only when both jobs
-succeeded and no final outcome exists for this spec generation and
-baseline object; that a final outcome is kept (no reads, no write) and is
-decided again after a spec change or for a new baseline object; that
+succeeded and no outcome is kept; that a verdict is kept (no reads, no
+write) whatever becomes of the baseline or the spec generation, while a
+final Unknown is decided again after a spec change or for a new baseline
+object (whose UID it then records); that
 through `decide` a finished gated job gets status.gate, the condition and an
 event, once; the bounded unpacking of the stored scores; and that a gated
 job's pod runs lm_eval with --log_samples.
@@ -336,15 +337,36 @@ def _with_outcome(job: JobView, outcome: gate.GateOutcome) -> JobView:
     )
 
 
-def test_a_final_outcome_is_kept_until_the_spec_or_the_baseline_object_changes() -> None:
+def test_a_verdict_is_kept_whatever_becomes_of_the_baseline() -> None:
     outcome = decided(candidate(), GateView(baseline(), own=read(WORSE), base=read(RIGHT)))
     done = _with_outcome(candidate(), outcome)
     assert not gate.needs_items(done, GateView(baseline()))
     assert gate.decide_gate(done, GateView(baseline())) is None
-    # Kept when the baseline is deleted afterwards: a record.
-    assert gate.decide_gate(done, GateView(None)) is None
-    # A new object under the baseline's name, or a new spec generation: decided again.
+    # Kept when the baseline is deleted afterwards, or replaced under its name
+    # (finished, or not yet), or after a new spec generation: a record.
+    for later in (None, baseline(uid="uid-b2"), baseline({"state": "Running"}, uid="uid-b3")):
+        assert not gate.needs_items(done, GateView(later))
+        assert gate.decide_gate(done, GateView(later, own=read(RIGHT), base=read(RIGHT))) is None
+    bumped = view(
+        status=done.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        generation=3,
+        baseline="base",
+        gate=GATE,
+    )
+    assert not gate.needs_items(bumped, GateView(baseline(uid="uid-b2")))
+
+
+def test_a_final_unknown_is_decided_again_for_a_new_baseline_object_or_spec() -> None:
+    missing = decided(candidate(), GateView(baseline(), own=read(WORSE), base=ItemsRead()))
+    assert missing.reason == gate.NO_ITEM_SCORES and missing.fields.final
+    done = _with_outcome(candidate(), missing)
+    assert not gate.needs_items(done, GateView(baseline()))
+    assert gate.decide_gate(done, GateView(None)) is None  # kept when the baseline goes
+    # Another object under the baseline's name before any verdict: decided
+    # against it, and its UID recorded.
     assert gate.needs_items(done, GateView(baseline(uid="uid-b2")))
+    again = decided(done, GateView(baseline(uid="uid-b2"), own=read(WORSE), base=read(RIGHT)))
+    assert again.reason == gate.REGRESSED and again.fields.baseline_uid == "uid-b2"
     bumped = view(
         status=done.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
         generation=3,

@@ -252,9 +252,9 @@ class RecordingKube:
         self._note("namespace")
         return {"openshift.io/sa.scc.uid-range": "1000680000/10000"}
 
-    def create_pod(self, manifest: dict[str, Any]) -> str:
+    def create_pod(self, manifest: dict[str, Any]) -> dict[str, Any]:
         self._note("create")
-        return "new-pod-uid"
+        return {**manifest, "metadata": {**manifest["metadata"], "uid": "new-pod-uid"}}
 
     def patch_job_status(self, namespace: str, name: str, status: Any, version: str) -> None:
         self._note("patch")

@@ -334,11 +334,14 @@ def test_a_managed_outputs_claim_is_made_for_the_job_and_mounted() -> None:
     assert any(w.startswith("--log-copy=") for w in _main(pod)["command"])
 
 
-def test_a_kept_managed_claim_has_no_owner_and_a_named_claim_is_not_made() -> None:
+def test_a_kept_managed_claim_is_controlled_by_its_job_too_and_a_named_claim_is_not_made() -> None:
+    # keep: true is carried out when the job ends (the poller releases it), not
+    # by leaving the owner out: the controller is how the poller knows its claim.
     kept = podspec.managed_claim(
         "eval", "ns", "u-1", _spec(outputs={"pvcManaged": {"size": "1Gi", "keep": True}})
     )
-    assert kept is not None and "ownerReferences" not in kept["metadata"]
+    assert kept is not None
+    assert kept["metadata"]["ownerReferences"] == [podstorage.owner_reference("eval", "u-1")]
     assert "storageClassName" not in kept["spec"]
     assert podspec.managed_claim("eval", "ns", "u-1", _spec(outputs={"pvcName": "mine"})) is None
     with pytest.raises(ValidationError, match="at most one of pvcName and pvcManaged"):

@@ -143,6 +143,7 @@ def test_argv_is_single_tokens_and_offline_by_default() -> None:
     assert command[:1] == ["lmeval-driver"]
     assert command[command.index("--") + 1 :] == [
         "python",
+        "-P",
         "-m",
         "lm_eval",
         "--model=hf",

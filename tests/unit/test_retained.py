@@ -2,7 +2,7 @@
 
 Checks: a record holds what the cycle needs of a finished job (UID, name,
 resourceVersion, TTL, completion time, Kueue, and spec.baseline only while
-its gate has no final outcome for the current generation), its scores as
+its gate has no verdict and no final outcome for the current generation), its scores as
 they were parsed, and repeated strings shared between records; `due` hands
 out expired jobs earliest first, then followed ones, then the unknown ones
 the sweep noted, within its limit, again every cycle until the cycle puts
@@ -161,9 +161,12 @@ def test_baseline_kept_while_the_gate_has_no_final_outcome_for_this_generation()
     assert record_of(finished("g", gated=True)).baseline == "base"  # no status.gate yet
     not_final = {**final_gate(1), "final": False, "verdict": "Unknown"}
     assert record_of(finished("g", gated=True, gate=not_final)).baseline == "base"
-    # Final, but for an older generation: the spec changed, the gate runs again.
+    # A final Unknown for an older generation: the spec changed, the gate runs
+    # again; a verdict is never decided again, whatever the generation.
+    unknown = {**final_gate(1), "verdict": "Unknown", "reason": "NoItemScores"}
+    assert record_of(finished("g", gated=True, generation=2, gate=unknown)).baseline == "base"
     older = finished("g", gated=True, generation=2, gate=final_gate(1))
-    assert record_of(older).baseline == "base"
+    assert record_of(older).baseline is None
     assert record_of(finished("g", gated=True, generation=2, gate=final_gate(2))).baseline is None
     assert record_of(finished("ungated")).baseline is None
 
