@@ -6,8 +6,10 @@ produce them. On the real apiserver, with kwok's pods (the policy is not
 bound in this module's namespace):
 
 - the first pod records ``status.specDigest``;
-- the admin edits the running job's ``spec.limit``: the job ends Failed
-  (cause SpecChanged) naming ``spec``, and its pod is deleted;
+- a running job whose spec no longer matches the recorded digest (as after
+  an edit the policy did not stop; played by rewriting the digest, since the
+  policy may be bound cluster-wide on this shared plane) ends Failed (cause
+  SpecChanged) naming ``spec``, and its pod is deleted;
 - suspending and resuming a started job (its switches) changes nothing of
   the kind: it is scheduled again and keeps the first digest.
 """
@@ -40,7 +42,19 @@ def test_an_edited_running_job_fails_and_its_pod_goes(
     running = cycle_until_state(poller, jobs, "edited", "Running")
     assert running["specDigest"] == spec_digest(created["spec"])
     pod_uid = running["podUID"]
-    _patch_spec(admin_api, jobs, "edited", {"limit": "7"})
+    # On this shared plane another module may have bound the admission policy
+    # cluster-wide, which refuses the edit itself; so the edit is played from
+    # the other side: the digest recorded at start becomes that of another
+    # spec, which is what the poller sees after an edit no policy stopped.
+    edited = {**created["spec"], "limit": "7"}
+    client.CustomObjectsApi(admin_api).patch_namespaced_custom_object_status(
+        api.API_GROUP,
+        api.API_VERSION,
+        jobs.namespace,
+        api.PLURAL,
+        "edited",
+        {"status": {"specDigest": spec_digest(edited)}},
+    )
     final = cycle_until_state(poller, jobs, "edited", "Complete")
     assert final["reason"] == "Failed", final
     assert final["message"].startswith("spec: changed after the job started")
