@@ -46,7 +46,7 @@ from poller.actions import (
 from poller.api import JobState
 from poller.identity import PodProof
 from poller.kube import ApiError, Conflict, Kube, NotOwned
-from poller.ownership import PodTrust, foreign_pod_message, judge_pod
+from poller.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
 from poller.podreads import PodReads
 from poller.settings import Settings
 from poller.statuswrites import AdmittedPod, StatusWrites, with_outcome_of_actions
@@ -229,7 +229,7 @@ class Actuator:
             return f"the outputs claim {name} was refused: {refused_for_good(error)}", None
         if found is None:
             return None, None  # made now
-        why = podstorage.not_the_jobs(found, job.uid)
+        why = not_the_jobs(found, job.uid)
         if why is None:
             return None, None  # made for this job before: adopted
         log.warning("claim %s/%s squats %s's outputs claim: %s", job.namespace, name, job.name, why)
@@ -248,7 +248,7 @@ class Actuator:
         """
         name = results.results_configmap_name(job.name)
         found = self.kube.read_configmap(job.namespace, name)
-        if found is None or (why := podstorage.not_the_jobs(found, job.uid)) is None:
+        if found is None or (why := not_the_jobs(found, job.uid)) is None:
             return None
         owner = controller_reference(found.get("metadata") or {})
         if owner.get("kind") == api.KIND and owner.get("name") == job.name:

@@ -30,8 +30,7 @@ from typing import Any
 from poller import api, kubepages, timefmt
 from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
 from poller.kubereads import JOBS_API, KUEUE_API, PAGE_SIZE, JobsPage, KubeReads, LogTail
-from poller.ownership import controller_uid
-from poller.views import controller_reference
+from poller.ownership import controller_text, controller_uid
 
 __all__ = [
     "PAGE_SIZE",
@@ -179,7 +178,7 @@ class Kube(KubeReads):
         if controller_uid(current) != controller_uid(manifest):
             raise NotOwned(
                 f"ConfigMap {name} in namespace {namespace} exists and is not owned by "
-                f"{_controller_text(manifest)}"
+                f"{controller_text(manifest)}"
             )
         body = manifest
         if merge:
@@ -330,8 +329,3 @@ class Kube(KubeReads):
             resource="events",
             body=body,
         )
-
-
-def _controller_text(obj: dict[str, Any]) -> str:
-    owner = controller_reference(obj.get("metadata") or {})
-    return f"{owner.get('kind', 'its owner')} {owner.get('name', '')} (uid {owner.get('uid')})"

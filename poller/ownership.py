@@ -45,9 +45,11 @@ from poller.views import JobView, PodView, controller_reference
 __all__ = [
     "PodTrust",
     "altered_pod_message",
+    "controller_text",
     "controller_uid",
     "foreign_pod_message",
     "judge_pod",
+    "not_the_jobs",
 ]
 
 
@@ -113,3 +115,27 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
     """The UID of the object's controller (the ownerReference marked controller), if any."""
     owner = controller_reference(obj.get("metadata") or {})
     return str(owner.get("uid")) if owner else None
+
+
+def controller_text(obj: Mapping[str, Any]) -> str:
+    """The object's controller ownerReference in words: 'LMEvalJob x (uid u)', or 'none'."""
+    owner = controller_reference(obj.get("metadata") or {})
+    if not owner:
+        return "none"
+    return f"{owner.get('kind') or '?'} {owner.get('name') or '?'} (uid {owner.get('uid') or '?'})"
+
+
+def not_the_jobs(found: Mapping[str, Any], job_uid: str) -> str | None:
+    """Why `found`, met under a name the poller gives one of a job's objects (its
+    managed claim, its results ConfigMap, ...), is not that job's; None when it is.
+
+    Judged by the controller ownerReference alone: the name is known to
+    everyone who can read the job, and so are its labels; the claims
+    admission policy lets only the poller give an object an owner reference
+    to an LMEvalJob, and an object has at most one controller.
+    """
+    if controller_uid(found) == job_uid:
+        return None
+    if not controller_reference(found.get("metadata") or {}):
+        return "it has no controller ownerReference"
+    return f"its controller ownerReference is {controller_text(found)}, not this job"

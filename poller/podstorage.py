@@ -45,7 +45,6 @@ from typing import Any
 
 from driver import protocol
 from poller import api
-from poller.views import controller_reference
 
 __all__ = [
     "FETCH_CONTAINER",
@@ -60,7 +59,6 @@ __all__ = [
     "kept_claim",
     "managed_claim",
     "managed_claim_name",
-    "not_the_jobs",
     "outputs_claim",
     "owner_reference",
     "storage_env",
@@ -182,7 +180,7 @@ def managed_claim(
     """The claim manifest for outputs.pvcManaged (None without it).
 
     Controlled by the job, always: that is how the poller knows its own claim
-    (`not_the_jobs`), since the claims admission policy lets nobody else give
+    (`ownership.not_the_jobs`), since the claims admission policy lets nobody else give
     a claim an owner reference to an LMEvalJob. With `keep` the poller
     releases it when the job finishes (`kept_claim`), so the garbage
     collector leaves it when the job is deleted.
@@ -221,29 +219,9 @@ def kept_claim(raw_spec: Mapping[str, Any], job_name: str, job_uid: str) -> str 
     return None
 
 
-def not_the_jobs(found: Mapping[str, Any], job_uid: str) -> str | None:
-    """Why `found`, met under a name the poller gives one of a job's objects (its
-    managed claim, its results ConfigMap, ...), is not that job's; None when it is.
-
-    Judged by the controller ownerReference alone: the name is known to
-    everyone who can read the job, and so are its labels; the claims
-    admission policy lets only the poller give an object an owner reference
-    to an LMEvalJob, and an object has at most one controller.
-    """
-    owner = controller_reference(found.get("metadata") or {})
-    if not owner:
-        return "it has no controller ownerReference"
-    if owner.get("uid") == job_uid:
-        return None
-    return (
-        f"its controller ownerReference is {owner.get('kind')} {owner.get('name')} "
-        f"(uid {owner.get('uid')}), not this job"
-    )
-
-
 def foreign_object_message(kind: str, name: str, namespace: str, role: str, why: str) -> str:
     """What a job's status says when `kind` `name`, where the poller puts the job's
-    `role` (e.g. "outputs claim"), is not the poller's (`why`, from `not_the_jobs`)."""
+    `role` (e.g. "outputs claim"), is not the poller's (`why`, from `ownership.not_the_jobs`)."""
     return (
         f"{kind} {name} in namespace {namespace} exists and is not this job's {role} ({why}): "
         "the poller did not make it for this job, so it was neither used, written nor "

@@ -33,6 +33,7 @@ from typing import Any
 
 from poller import api, podspec, podstorage, taskcode
 from poller.kube import ApiError, Kube
+from poller.ownership import not_the_jobs
 from poller.settings import CONFIGMAP_NAME, Settings
 from poller.views import JobView
 
@@ -193,7 +194,7 @@ def _snapshot(kube: Kube, job: JobView, source: _Source) -> str | None:
 
 def _not_ours(existing: dict[str, Any], job: JobView, manifest: dict[str, Any]) -> str | None:
     """Why an existing ConfigMap is not this job's snapshot of the content checked."""
-    why = podstorage.not_the_jobs(existing, job.uid)
+    why = not_the_jobs(existing, job.uid)
     if why is not None:
         return (
             f"was not made by this job ({why}): it is not the poller's, so it is neither "

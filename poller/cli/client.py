@@ -39,9 +39,8 @@ from poller.cli.errors import (
     suggest,
 )
 from poller.cli.rawapi import send
-from poller.ownership import controller_uid
+from poller.ownership import controller_text, controller_uid
 from poller.results import results_configmap_name
-from poller.views import controller_reference
 
 __all__ = [
     "JOBS_PREFIX",
@@ -331,14 +330,6 @@ def fetch_job(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
 
 
 # -- what belongs to a job: checked by its controller ------------------------------
-
-
-def controller_text(obj: dict[str, Any]) -> str:
-    """The object's controller ownerReference in words: 'LMEvalJob x (uid u)' or 'none'."""
-    owner = controller_reference(obj.get("metadata") or {})
-    if not owner:
-        return "none"
-    return f"{owner.get('kind') or '?'} {owner.get('name') or '?'} (uid {owner.get('uid') or '?'})"
 
 
 def owned_object(

@@ -1,6 +1,6 @@
 """Objects the poller makes for a job besides its pod are the job's only by their controller.
 
-The pure judgement (`podstorage.not_the_jobs`): an object under one of a
+The pure judgement (`ownership.not_the_jobs`): an object under one of a
 job's deterministic names (its managed outputs claim, results ConfigMap,
 task snapshots) is the job's when, and only when, its controller
 ownerReference is the job's UID: not without one, not with another job's
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from poller import api, podspec, podstorage, results
+from poller import api, ownership, podspec, podstorage, results
 from poller.act import Actuator
 from poller.identity import PodProof
 from poller.kube import Conflict
@@ -52,13 +52,13 @@ def owned_by(uid: str, *, name: str = "eval", controller: bool = True) -> dict[s
 
 
 def test_only_the_jobs_controller_reference_makes_an_object_the_jobs() -> None:
-    assert podstorage.not_the_jobs(owned_by(UID), UID) is None
-    assert podstorage.not_the_jobs({"metadata": {}}, UID) == "it has no controller ownerReference"
+    assert ownership.not_the_jobs(owned_by(UID), UID) is None
+    assert ownership.not_the_jobs({"metadata": {}}, UID) == "it has no controller ownerReference"
     # The job as a plain owner, not controller: anyone could add that beside their own.
-    assert podstorage.not_the_jobs(owned_by(UID, controller=False), UID) == (
+    assert ownership.not_the_jobs(owned_by(UID, controller=False), UID) == (
         "it has no controller ownerReference"
     )
-    other = podstorage.not_the_jobs(owned_by("uid-former"), UID)
+    other = ownership.not_the_jobs(owned_by("uid-former"), UID)
     assert other == "its controller ownerReference is LMEvalJob eval (uid uid-former), not this job"
     deployment = {
         "metadata": {
@@ -68,16 +68,16 @@ def test_only_the_jobs_controller_reference_makes_an_object_the_jobs() -> None:
             # Same UID string, but not marked controller: still not the job's.
         }
     }
-    assert podstorage.not_the_jobs(deployment, UID) is not None
+    assert ownership.not_the_jobs(deployment, UID) is not None
 
 
 def test_a_label_naming_the_job_does_not_make_an_object_the_jobs() -> None:
     labelled = {"metadata": {"labels": {podspec.LABEL_JOB_UID: UID}}}
-    assert podstorage.not_the_jobs(labelled, UID) == "it has no controller ownerReference"
+    assert ownership.not_the_jobs(labelled, UID) == "it has no controller ownerReference"
 
 
 def test_the_message_names_the_object_its_kind_and_what_to_do() -> None:
-    why = podstorage.not_the_jobs({"metadata": {}}, UID) or ""
+    why = ownership.not_the_jobs({"metadata": {}}, UID) or ""
     message = podstorage.foreign_object_message(
         "PersistentVolumeClaim", "eval-outputs-abc123", "team-a", "outputs claim", why
     )
@@ -101,7 +101,7 @@ def test_every_managed_claim_is_controlled_by_its_job(keep: bool) -> None:
         "eval", "ns", UID, _spec(pvcManaged={"size": "1Gi", "keep": keep})
     )
     assert claim is not None
-    assert podstorage.not_the_jobs(claim, UID) is None
+    assert ownership.not_the_jobs(claim, UID) is None
     [owner] = claim["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("LMEvalJob", "eval", True)
 
