@@ -7,13 +7,14 @@
 #   ~/.cache/lmeval-poller/bin-<hash of the Go modules>    control plane (+ kwok, kubectl)
 #   ~/.cache/lmeval-poller/kueue-<hash>                    Kueue (+ its CRDs and webhooks)
 #   ~/.cache/lmeval-poller/prometheus-<hash>               Prometheus and promtool
+#   ~/.cache/lmeval-poller/helm-<hash>                     Helm (lints and renders deploy/helm)
 #   ~/.cache/lmeval-poller/images-<hash>                   our images (OCI archives),
 #                                                          built when the real node needs them
 # As root it also installs the Debian packages of the real node (containerd,
 # runc, CNI plugins, registry, buildah...): deploy/sandbox/node-packages.sh.
 # LMEVAL_CACHE moves them; LMEVAL_SANDBOX_BIN points at ready control-plane
 # binaries; LMEVAL_PROMETHEUS_BIN at ready Prometheus binaries; LMEVAL_KUEUE_BIN
-# at a ready Kueue.
+# at a ready Kueue; LMEVAL_HELM_BIN at a directory holding a ready helm.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
@@ -91,6 +92,23 @@ fi
 _setup_step "control-plane and node binaries" "$detail" python -m poller.sandbox build \
     || { return 1 2>/dev/null || exit 1; }
 
+# The oldest Kubernetes minor the project claims (deploy/sandbox/controlplane-floor
+# says why), built like the current one into bin-floor-<hash>; tests/cluster/
+# test_floor_plane.py runs the project on it. LMEVAL_SANDBOX_FLOOR_BIN points at
+# ready binaries instead.
+floor=$(python -c 'from poller.sandbox import build; print(build.kubernetes_version("floor"))') \
+    || { return 1 2>/dev/null || exit 1; }
+if python -c 'import sys; from poller.sandbox import build; sys.exit(not build.needs_build("floor"))'; then
+    detail=built
+    echo "… control plane, oldest supported Kubernetes ($floor): building from its Go module (about 8 minutes)"
+else
+    detail=cached
+fi
+floor_minor=${floor#v}
+_setup_step "control plane, oldest supported Kubernetes (${floor_minor%.*})" "$detail" \
+    python -m poller.sandbox.build floor || { return 1 2>/dev/null || exit 1; }
+unset floor floor_minor
+
 if python -c 'import sys; from poller.sandbox import kueue; sys.exit(not kueue.needs_build())'; then
     detail=built
     echo "… Kueue: building from its Go module (about 7 minutes)"
@@ -98,6 +116,14 @@ else
     detail=cached
 fi
 _setup_step "Kueue" "$detail" python -m poller.sandbox.kueue || { return 1 2>/dev/null || exit 1; }
+
+if python -c 'import sys; from poller.sandbox import helm; sys.exit(not helm.needs_build())'; then
+    detail=built
+    echo "… Helm: building from its Go module (about 4 minutes)"
+else
+    detail=cached
+fi
+_setup_step "Helm" "$detail" python -m poller.sandbox.helm || { return 1 2>/dev/null || exit 1; }
 
 if [ "$(id -u)" -eq 0 ]; then
     _setup_step "real node's Debian packages" "" bash deploy/sandbox/node-packages.sh \

@@ -9,10 +9,19 @@ the Go version. A second run on the same machine is instant; a fresh machine,
 or a changed pin, rebuilds. A directory of ready binaries can be supplied
 instead (``LMEVAL_SANDBOX_BIN``, or envtest's ``KUBEBUILDER_ASSETS`` when it
 holds every binary), in which case nothing is built.
+
+Two Kubernetes releases are built, because the project claims more than the
+one it is developed on: ``current`` (`deploy/sandbox/controlplane`, what
+every test runs by default) and ``floor`` (`deploy/sandbox/controlplane-floor`,
+the oldest minor the project supports, which a test starts to keep that
+claim honest). Each has its own cache directory; kwok does not depend on the
+Kubernetes release, so the floor's directory gets a copy of the current one's
+instead of a second build.
 """
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import hashlib
 import json
@@ -25,20 +34,41 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal, get_args
 
 __all__ = [
     "BINARIES",
+    "KUBERNETES_CHOICES",
     "KWOK_CRD_FILES",
+    "Kubernetes",
     "binaries_dir",
     "cache_root",
     "ensure_binaries",
+    "kubernetes_minor",
+    "kubernetes_version",
     "needs_build",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODULES_DIR = REPO_ROOT / "deploy" / "sandbox"
 CONTROLPLANE_MODULE = MODULES_DIR / "controlplane"
+# The oldest Kubernetes minor the project supports (see that go.mod's comment
+# for why it is the floor).
+FLOOR_MODULE = MODULES_DIR / "controlplane-floor"
 KWOK_MODULE = MODULES_DIR / "kwok"
+
+# Which control plane: the one the project is developed on, or its floor.
+Kubernetes = Literal["current", "floor"]
+KUBERNETES_CHOICES: tuple[Kubernetes, ...] = get_args(Kubernetes)
+_MODULES: dict[Kubernetes, Path] = {"current": CONTROLPLANE_MODULE, "floor": FLOOR_MODULE}
+# A directory of ready binaries instead of a build, per choice.
+_OVERRIDES: dict[Kubernetes, tuple[str, ...]] = {
+    "current": ("LMEVAL_SANDBOX_BIN", "KUBEBUILDER_ASSETS"),
+    "floor": ("LMEVAL_SANDBOX_FLOOR_BIN",),
+}
+# What the floor's directory takes from the current one's build: kwok is the
+# same program whatever release it simulates nodes for.
+_SHARED = ("kwok",)
 
 BINARIES = (
     "etcd",
@@ -68,13 +98,19 @@ def _required_version(module_dir: Path, module: str) -> str:
     return match.group(1)
 
 
-def kubernetes_version() -> str:
-    """The pinned Kubernetes release, read from the wrapper module."""
-    return _required_version(CONTROLPLANE_MODULE, "k8s.io/kubernetes")
+def kubernetes_version(kind: Kubernetes = "current") -> str:
+    """The pinned Kubernetes release (``v1.34.4``), read from the wrapper module."""
+    return _required_version(_MODULES[kind], "k8s.io/kubernetes")
 
 
-def _controlplane_ldflags() -> str:
-    version = kubernetes_version()
+def kubernetes_minor(kind: Kubernetes = "current") -> int:
+    """The minor of the pinned release (34 for v1.34.4), to compare releases by
+    (a kubelet may be older than its apiserver, never newer)."""
+    return int(kubernetes_version(kind).lstrip("v").split(".")[1])
+
+
+def _controlplane_ldflags(kind: Kubernetes = "current") -> str:
+    version = kubernetes_version(kind)
     major, minor = version.lstrip("v").split(".")[:2]
     prefix = "k8s.io/component-base/version"
     # -X makes /version report the pinned release instead of v0.0.0.
@@ -130,19 +166,22 @@ def module_build_key(modules: Sequence[Path], ldflags: Sequence[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _build_key() -> str:
+def _build_key(kind: Kubernetes = "current") -> str:
+    # The floor's key covers kwok's module too: its directory holds a copy.
     return module_build_key(
-        (CONTROLPLANE_MODULE, KWOK_MODULE), (_controlplane_ldflags(), _kwok_ldflags())
+        (_MODULES[kind], KWOK_MODULE), (_controlplane_ldflags(kind), _kwok_ldflags())
     )
 
 
-def binaries_dir() -> Path:
-    """The cache directory for the current module files (it may not exist yet)."""
-    return cache_root() / f"bin-{_build_key()}"
+def binaries_dir(kind: Kubernetes = "current") -> Path:
+    """The cache directory for the module files of `kind` (it may not exist yet):
+    ``bin-<key>`` for the current release, ``bin-floor-<key>`` for the floor."""
+    prefix = "bin" if kind == "current" else f"bin-{kind}"
+    return cache_root() / f"{prefix}-{_build_key(kind)}"
 
 
-def _override_dir() -> Path | None:
-    for variable in ("LMEVAL_SANDBOX_BIN", "KUBEBUILDER_ASSETS"):
+def _override_dir(kind: Kubernetes = "current") -> Path | None:
+    for variable in _OVERRIDES[kind]:
         value = os.environ.get(variable)
         if not value:
             continue
@@ -242,40 +281,69 @@ def _copy_kwok_crds(target: Path, log: Path) -> None:
         shutil.copyfile(source / name, target / "crds" / name)
 
 
-def _build_steps(staging: Path, log: Path) -> None:
+def _build_controlplane(kind: Kubernetes, staging: Path, log: Path) -> None:
     _run_go(
-        ["build", "-ldflags", _controlplane_ldflags(), "-o", f"{staging}/", "tool"],
-        CONTROLPLANE_MODULE,
+        ["build", "-ldflags", _controlplane_ldflags(kind), "-o", f"{staging}/", "tool"],
+        _MODULES[kind],
         log,
     )
     # etcd's main package is go.etcd.io/etcd/server/v3, so Go names it "server".
     (staging / "server").rename(staging / "etcd")
+
+
+def _build_steps(staging: Path, log: Path) -> None:
+    _build_controlplane("current", staging, log)
     _run_go(["build", "-ldflags", _kwok_ldflags(), "-o", f"{staging}/", "tool"], KWOK_MODULE, log)
     _copy_kwok_crds(staging, log)
 
 
-def _build(target: Path) -> float:
+def _floor_steps(current: Path) -> Callable[[Path, Path], None]:
+    def steps(staging: Path, log: Path) -> None:
+        _build_controlplane("floor", staging, log)
+        for name in _SHARED:
+            _link_or_copy(current / name, staging / name)
+        (staging / "crds").mkdir()
+        for name in KWOK_CRD_FILES:
+            shutil.copyfile(kwok_crds_dir(current) / name, staging / "crds" / name)
+
+    return steps
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    # A hard link when both are in the cache's file system; a copy otherwise
+    # (an override directory elsewhere). Never a symlink: the floor's
+    # directory stays whole when the current one is rebuilt or removed.
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _build(target: Path, kind: Kubernetes = "current") -> float:
+    steps = _build_steps if kind == "current" else _floor_steps(ensure_binaries("current"))
     return staged_build(
         target,
-        "control-plane binaries",
-        _build_steps,
+        f"control-plane binaries ({kind}: Kubernetes {kubernetes_version(kind)})",
+        steps,
         lambda staging: ", ".join(n for n in BINARIES if not (staging / n).is_file()),
-        {"kubernetes": kubernetes_version()},
+        {"kubernetes": kubernetes_version(kind), "kind": kind},
     )
 
 
-def needs_build() -> bool:
+def needs_build(kind: Kubernetes = "current") -> bool:
     """Whether `ensure_binaries` would build (setup.sh warns before a long build)."""
-    return _override_dir() is None and not binaries_dir().is_dir()
+    return _override_dir(kind) is None and not binaries_dir(kind).is_dir()
 
 
-def ensure_binaries() -> Path:
-    """Return a directory holding every binary in `BINARIES` plus kwok's CRDs.
+def ensure_binaries(kind: Kubernetes = "current") -> Path:
+    """Return a directory holding every binary in `BINARIES` plus kwok's CRDs,
+    of the Kubernetes release `kind` names.
 
     Builds at most once per set of module files; concurrent callers wait on
-    a lock instead of building twice.
+    a lock instead of building twice. The floor's build first makes sure of
+    the current one (it takes kwok from there).
     """
-    override = _override_dir()
+    override = _override_dir(kind)
     if override is not None:
         if not (override / "crds").is_dir():
             log = cache_root() / "kwok-crds.log"
@@ -284,14 +352,17 @@ def ensure_binaries() -> Path:
             crd_dir.mkdir(parents=True, exist_ok=True)
             _copy_kwok_crds(crd_dir, log)
         return override
-    target = binaries_dir()
+    target = binaries_dir(kind)
     if target.is_dir():
         return target
-    with _locked(cache_root() / "build.lock"):
+    if kind != "current":
+        ensure_binaries("current")  # before this build's lock: it takes its own
+    lock = "build.lock" if kind == "current" else f"build-{kind}.lock"
+    with _locked(cache_root() / lock):
         if target.is_dir():
             return target
-        elapsed = _build(target)
-        print(f"control-plane binaries built in {elapsed:.0f} s (cold)", file=sys.stderr)
+        elapsed = _build(target, kind)
+        print(f"control-plane binaries ({kind}) built in {elapsed:.0f} s (cold)", file=sys.stderr)
     return target
 
 
@@ -302,5 +373,18 @@ def kwok_crds_dir(binaries: Path) -> Path:
     return cache_root() / "kwok-crds" / "crds"
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m poller.sandbox.build [current|floor]``: build or find, print the directory."""
+    parser = argparse.ArgumentParser(
+        prog="python -m poller.sandbox.build",
+        description="Build (or find) the control-plane binaries; print their directory.",
+    )
+    parser.add_argument("kubernetes", nargs="?", default="current", choices=KUBERNETES_CHOICES)
+    args = parser.parse_args(argv)
+    kind: Kubernetes = args.kubernetes
+    print(ensure_binaries(kind))
+    return 0
+
+
 if __name__ == "__main__":
-    print(ensure_binaries())
+    sys.exit(main())

@@ -13,11 +13,20 @@ This module supervises: start order, readiness, the cluster objects the
 plane needs before it is usable (kwok's CRDs and nodes, the default
 ServiceAccount), and stopping. What each component is told, its flags and
 configuration files, is in `poller.sandbox.components`.
+
+A plane runs one of the two Kubernetes releases `poller.sandbox.build`
+makes: ``kubernetes="current"`` (the default) or ``"floor"``, the oldest
+minor the project claims. ``LMEVAL_SANDBOX_KUBERNETES=floor`` changes the
+default, so that any test suite can be run against the floor as it is.
+The floor (1.31) takes the very flags and files the current release does
+(`poller.sandbox.components`): checked by starting it, so nothing here
+depends on the release but the binaries.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import subprocess
 import time
@@ -44,7 +53,21 @@ from poller.sandbox.components import (
 from poller.sandbox.pki import Pki, make_pki
 from poller.sandbox.supervise import Supervisor, http_ok, terminate
 
-__all__ = ["ControlPlane", "ControlPlaneError", "StartupTimes"]
+__all__ = ["ControlPlane", "ControlPlaneError", "StartupTimes", "default_kubernetes"]
+
+# Which release a plane runs when its constructor does not say.
+KUBERNETES_ENV = "LMEVAL_SANDBOX_KUBERNETES"
+
+
+def default_kubernetes() -> build.Kubernetes:
+    """``LMEVAL_SANDBOX_KUBERNETES`` (``current`` or ``floor``), else ``current``."""
+    value = os.environ.get(KUBERNETES_ENV) or "current"
+    for choice in build.KUBERNETES_CHOICES:
+        if value == choice:
+            return choice
+    raise ValueError(
+        f"{KUBERNETES_ENV}={value!r}: expected one of {', '.join(build.KUBERNETES_CHOICES)}"
+    )
 
 
 class ControlPlaneError(RuntimeError):
@@ -74,8 +97,11 @@ class ControlPlane:
         extra_apiserver_args: Sequence[str] = (),
         real_node: bool = False,
         taint_kwok_nodes: bool | None = None,
+        kubernetes: build.Kubernetes | None = None,
     ) -> None:
         self.workdir = workdir.resolve()
+        # Which Kubernetes release's binaries run (poller.sandbox.build).
+        self.kubernetes: build.Kubernetes = kubernetes or default_kubernetes()
         # Ready for a real node (poller.sandbox.realnode) to join: the
         # apiserver is reachable from its pods and talks to its kubelet.
         self.real_node = real_node
@@ -103,7 +129,7 @@ class ControlPlane:
     def start(self, timeout: float = 90.0) -> None:
         """Build or find binaries, then start every component and wait for it."""
         begin = time.monotonic()
-        self.binaries = build.ensure_binaries()
+        self.binaries = build.ensure_binaries(self.kubernetes)
         self.times.binaries = time.monotonic() - begin
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
@@ -363,6 +389,7 @@ class ControlPlane:
             "server": self.server,
             "audit_log": str(self.audit.path),
             "binaries": str(self.binaries),
+            "kubernetes": self.kubernetes,
             "times": asdict(self.times),
         }
         self.state_file.write_text(json.dumps(state, indent=2))

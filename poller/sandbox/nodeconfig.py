@@ -20,6 +20,10 @@ sandbox's node departs from a kubeadm node, and why.
 - **cgroups.** The machines have cgroup v1 and no systemd: the ``cgroupfs``
   driver on both sides, and ``failCgroupV1: false`` (Kubernetes 1.34 still
   supports v1 with that switch).
+- **Releases.** The same files serve the project's floor release (see
+  `poller.sandbox.build`): a 1.31 kubelet and kube-proxy take them as they
+  are (``failCgroupV1`` exists from 1.31 on; a 1.30 kubelet would only log
+  that it decoded the file leniently).
 - **Images** come from a `docker-registry` on loopback over plain HTTP
   (containerd's ``hosts.toml``), so ``imagePullPolicy`` and pull errors are
   the real ones; the pause image is our own (no registry.k8s.io here).

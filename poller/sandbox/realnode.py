@@ -17,6 +17,10 @@ holds it. `stop` ends everything the node started, by PID, kills what runs in
 its pods' cgroups, unmounts what it mounted and removes its bridge and
 firewall rule, even after a failed start; `stop` from another process works
 from ``state.json``. Flags and files are in `poller.sandbox.nodeconfig`.
+
+The kubelet and kube-proxy are of the plane's release unless `kubernetes`
+says otherwise: an older node under a newer plane is a skew Kubernetes
+supports (and one that upgrades go through), a newer one is refused.
 """
 
 from __future__ import annotations
@@ -99,13 +103,26 @@ class RealNode:
         *,
         container_log_max_size: str = "10Mi",
         die_with_parent: bool = True,
+        registry_port: int | None = None,
+        kubernetes: build.Kubernetes | None = None,
     ) -> None:
         if not plane.real_node:
             raise ValueError("the control plane must be started with real_node=True")
+        # The kubelet's and kube-proxy's release: the plane's unless told.
+        self.kubernetes: build.Kubernetes = kubernetes or plane.kubernetes
+        if build.kubernetes_minor(self.kubernetes) > build.kubernetes_minor(plane.kubernetes):
+            raise ValueError(
+                f"a {self.kubernetes} node ({build.kubernetes_version(self.kubernetes)}) is newer "
+                f"than its {plane.kubernetes} plane ({build.kubernetes_version(plane.kubernetes)}):"
+                " a kubelet may be older than the apiserver, never newer"
+            )
         self.plane = plane
         self.workdir = workdir.resolve()
         self.container_log_max_size = container_log_max_size
-        self.ports = NodePorts()
+        # A fixed registry port keeps image references valid across nodes that
+        # share the registry's storage (a release built once, installed on
+        # several fresh planes).
+        self.ports = NodePorts() if registry_port is None else NodePorts(registry=registry_port)
         self.logs_dir = self.workdir / "logs"
         self.state_file = self.workdir / "state.json"
         # Pulled layers and pushed images outlive the node: warm starts pull nothing.
@@ -370,7 +387,9 @@ class RealNode:
             return subprocess.CompletedProcess(error.cmd, 1, "", "timed out")
 
     def _bin(self, name: str) -> str:
-        return str((self.plane.binaries or build.ensure_binaries()) / name)
+        if self.kubernetes == self.plane.kubernetes and self.plane.binaries is not None:
+            return str(self.plane.binaries / name)
+        return str(build.ensure_binaries(self.kubernetes) / name)
 
     def _timed(self, name: str, step: Callable[[], None]) -> None:
         began = time.monotonic()
@@ -393,6 +412,7 @@ class RealNode:
             "pids": self._supervisor.pids(),
             "ports": asdict(self.ports),
             "registry": self.registry,
+            "kubernetes": self.kubernetes,
             "times": self.times,
         }
         self.workdir.mkdir(parents=True, exist_ok=True)
