@@ -20,9 +20,22 @@
 # sandbox (`python -m poller.sandbox images`, poller/sandbox/images.py) builds
 # both from Debian's packages instead and passes them here, so any base works
 # that has `python` (3.11) with its venv module on PATH, or busybox's `cp`.
+#
+# What each image says about itself is a build argument too: VERSION (the
+# distributions' version, `python -m poller.sandbox.version`), REVISION (the
+# source commit), CREATED (RFC 3339) and SOURCE (the repository) become its
+# OCI labels (org.opencontainers.image.*), and REVISION also the poller's and
+# the job image's LMEVAL_REVISION (`lmeval-poller --version`, the metric
+# lmeval_build_info). They are declared at the end of each final stage, after
+# every RUN: a new revision changes only the image's configuration, never the
+# cache of the steps that install anything.
 
 ARG PYTHON_BASE=python:3.11-slim-bookworm
 ARG BUSYBOX_BASE=busybox:1.37.0
+ARG VERSION=0+unknown
+ARG REVISION=unknown
+ARG CREATED=1970-01-01T00:00:00Z
+ARG SOURCE=https://github.com/lmeval-poller/lmeval-poller
 
 # -- python-base: what every Python stage shares --------------------------------
 FROM ${PYTHON_BASE} AS python-base
@@ -43,11 +56,15 @@ WORKDIR /src
 COPY . .
 # pip from a venv of its own: a distribution's Python (Debian's) may come
 # without it. The driver image takes the driver from its wheel, so that it
-# holds exactly what the job image installs.
+# holds exactly what the job image installs, and the wheel's METADATA inside
+# the package: the init container copies the package directory alone, and
+# the driver reads its version there (driver/__init__.py).
 RUN python -m venv "${VIRTUAL_ENV}" \
     && pip wheel --no-deps --wheel-dir "${WHEELS}" ./poller ./driver \
     && set -- "${WHEELS}"/lmeval_driver-*.whl \
-    && python -m zipfile -e "$1" driver-wheel
+    && python -m zipfile -e "$1" driver-wheel \
+    && set -- driver-wheel/lmeval_driver-*.dist-info \
+    && cp "$1/METADATA" driver-wheel/driver/METADATA
 
 # -- driver: the driver package alone, for the job pod's init container ---------
 # With the setting driver-image, the poller's init container runs
@@ -58,6 +75,22 @@ RUN python -m venv "${VIRTUAL_ENV}" \
 FROM ${BUSYBOX_BASE} AS driver
 COPY --from=build /src/driver-wheel/driver/ /opt/lmeval/driver/
 USER 1001:0
+ARG VERSION
+ARG REVISION
+ARG CREATED
+ARG SOURCE
+# buildah (1.28) keys its layer cache for LABEL and ENV by their text, not by
+# the values of the arguments in them, and would reuse another build's labels;
+# a RUN's key holds the arguments' values, so this empty step is where a new
+# revision leaves the cache (and nowhere earlier).
+RUN true
+LABEL org.opencontainers.image.title="lmeval-driver" \
+      org.opencontainers.image.description="The lmeval-poller driver alone, copied into job pods by an init container (setting driver-image)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 
 # -- job: the evaluation container: lmeval-driver with lm-eval, nothing else ---
 FROM python-base AS job
@@ -79,6 +112,23 @@ VOLUME ["/cache/huggingface", "/outputs"]
 WORKDIR /tmp
 USER 1001:0
 CMD ["lmeval-driver", "--help"]
+ARG VERSION
+ARG REVISION
+ARG CREATED
+ARG SOURCE
+# buildah (1.28) keys its layer cache for LABEL and ENV by their text, not by
+# the values of the arguments in them, and would reuse another build's labels;
+# a RUN's key holds the arguments' values, so this empty step is where a new
+# revision leaves the cache (and nowhere earlier).
+RUN true
+LABEL org.opencontainers.image.title="lmeval-job" \
+      org.opencontainers.image.description="The lmeval-poller job pod: lm-evaluation-harness run by the lmeval-poller driver" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV LMEVAL_REVISION=${REVISION}
 
 # -- poller: the operator (the default target) ----------------------------------
 FROM python-base AS poller
@@ -93,3 +143,20 @@ USER 1001:0
 EXPOSE 8080
 ENTRYPOINT ["lmeval-poller"]
 CMD ["--json-logs", "--metrics-port=8080"]
+ARG VERSION
+ARG REVISION
+ARG CREATED
+ARG SOURCE
+# buildah (1.28) keys its layer cache for LABEL and ENV by their text, not by
+# the values of the arguments in them, and would reuse another build's labels;
+# a RUN's key holds the arguments' values, so this empty step is where a new
+# revision leaves the cache (and nowhere earlier).
+RUN true
+LABEL org.opencontainers.image.title="lmeval-poller" \
+      org.opencontainers.image.description="A polling Kubernetes operator that runs lm-evaluation-harness jobs declared as LMEvalJob resources" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV LMEVAL_REVISION=${REVISION}

@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from poller import heap
+from poller import buildinfo, heap
 from poller.kube import Kube
 from poller.leader import LeaderElector
 from poller.metrics import PollerMetrics, serve
 from poller.reconciler import Reconciler
 from poller.service import PollingService
+from poller.settings import SettingsTracker, install_defaults
 from poller.transport import ApiTransport
 
 __all__ = ["main"]
@@ -114,6 +115,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
+    parser.add_argument("--version", action=buildinfo.VersionAction)
     return parser.parse_args(argv)
 
 
@@ -144,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, kube: Kube, metrics: PollerMetrics, identity: str) -> int:
     log = logging.getLogger("poller")
+    log.info("starting %s", buildinfo.describe("lmeval-poller"))
     namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
     settings_namespace = args.settings_namespace or _default_namespace()
     elector: LeaderElector | None = None
@@ -161,6 +164,7 @@ def _run(args: argparse.Namespace, kube: Kube, metrics: PollerMetrics, identity:
         settings_namespace=settings_namespace,
         namespaces=namespaces,
         may_act=elector.is_leader if elector is not None else (lambda: True),
+        tracker=SettingsTracker(install_defaults(os.environ)),
     )
     if args.once:
         report = poller.run_cycle()

@@ -5,11 +5,13 @@ Two kinds of series, kept apart on purpose:
 * **Health** (counters, gauges and histograms owned by `PollerMetrics`):
   cycles, their duration and failures, the age of the last good cycle, the
   poll interval in force, every API request by verb/resource/code (counted in
-  `poller.kube`, the one layer that talks to the API), and whether this replica
-  is the acting one. Their labels are fixed vocabularies written in the code;
-  a string from a user never becomes a label of a counter or a histogram,
-  because those series live as long as the process and a user who creates
-  jobs with fresh names would otherwise grow them without bound.
+  `poller.kube`, the one layer that talks to the API), whether this replica
+  is the acting one, and which build runs (``lmeval_build_info``: always 1,
+  the version and source revision as labels, `poller.buildinfo`). Their
+  labels are fixed vocabularies written in the code (or, for the build, in
+  its metadata); a string from a user never becomes a label of a counter or
+  a histogram, because those series live as long as the process and a user
+  who creates jobs with fresh names would otherwise grow them without bound.
 * **Jobs** (`poller.jobmetrics.JobCollector`, registered here): built at
   scrape time from the last cycle's snapshot and the finished jobs the
   poller retains (`poller.retained`), so a deleted job's series are gone from the
@@ -58,7 +60,7 @@ from prometheus_client.openmetrics.exposition import ALLOWUTF8, UNDERSCORES
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
 
-from poller import api
+from poller import api, buildinfo
 from poller.jobmetrics import JobCollector, JobFamilyPart
 from poller.reconciler import CycleReport
 from poller.timefmt import timestamp
@@ -110,7 +112,10 @@ class PollerMetrics:
         registry: CollectorRegistry | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        version: str | None = None,
+        revision: str | None = None,
     ) -> None:
+        """`version` and `revision` label ``lmeval_build_info`` (default: `poller.buildinfo`'s)."""
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self.clock = clock
@@ -121,6 +126,11 @@ class PollerMetrics:
         self._interval = 0.0
         self._define_cycle_metrics(self.registry)
         self._define_api_and_job_metrics(self.registry)
+        self._define_build_info(
+            self.registry,
+            buildinfo.version() if version is None else version,
+            buildinfo.revision() if revision is None else revision,
+        )
 
     def _define_cycle_metrics(self, r: CollectorRegistry) -> None:
         self.cycle_duration = Histogram(
@@ -188,6 +198,19 @@ class PollerMetrics:
         for reason in REASONS[1:]:
             self.job_duration.labels(reason)
         self.leader.set(1)
+
+    def _define_build_info(self, r: CollectorRegistry, version: str, revision: str) -> None:
+        # A gauge, not prometheus_client's Info: that one appends `_info` to
+        # its name, and OpenMetrics shows it as a family of type info without
+        # the suffix. A gauge is `lmeval_build_info` in both formats, the
+        # conventional name, one series to join onto others with `on()`.
+        self.build_info = Gauge(
+            "lmeval_build_info",
+            "Always 1: the running poller's version and source revision, as labels.",
+            ["version", "revision"],
+            registry=r,
+        )
+        self.build_info.labels(version, revision).set(1)
 
     # -- hooks -------------------------------------------------------------------
 

@@ -266,6 +266,18 @@ class Settings(BaseModel):
 # The seed's key for the interval, still accepted.
 _KEY_ALIASES = {"pod-checking-interval": "poll-interval"}
 
+# Settings an installation gives in the poller's environment (its Deployment),
+# beneath the ConfigMap: the release's manifests name the release's job image
+# here, by digest, so that the ConfigMap stays the operator's alone. An
+# upgrade then moves the default job image without touching a key someone set
+# (server-side apply never owned one), and a key set in the ConfigMap wins.
+INSTALL_DEFAULT_ENV = {"pod-image": "LMEVAL_DEFAULT_POD_IMAGE"}
+
+
+def install_defaults(environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings `environ` gives (INSTALL_DEFAULT_ENV), by ConfigMap key."""
+    return {key: environ[name] for key, name in INSTALL_DEFAULT_ENV.items() if environ.get(name)}
+
 
 class SettingsTracker:
     """Keeps the last good value of every key across re-reads.
@@ -275,9 +287,13 @@ class SettingsTracker:
     `problem_count` counts the keys currently ignored (the metric
     ``lmeval_settings_problems``); `problems` lists the first
     `MAX_PROBLEMS_LISTED` of them, each logged once while it lasts.
+    `defaults` (`install_defaults`) stand beneath the ConfigMap's keys: a key
+    the ConfigMap lacks, or has removed, takes them rather than the built-in
+    default.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, defaults: Mapping[str, str] | None = None) -> None:
+        self.defaults = dict(defaults or {})
         self.current = Settings()
         self.problems: dict[str, str] = {}
         self.problem_count = 0
@@ -286,9 +302,13 @@ class SettingsTracker:
         # The data last seen: unchanged data (every cycle but the first after
         # an edit) is not parsed again.
         self._last_data: dict[str, object] | None = None
+        if self.defaults:
+            # Before the first read of the ConfigMap, too.
+            self.update(None)
 
     def update(self, data: Mapping[str, object] | None) -> Settings:
-        raw = {str(key): value for key, value in (data or {}).items()}
+        raw: dict[str, object] = dict(self.defaults)
+        raw.update({str(key): value for key, value in (data or {}).items()})
         if raw == self._last_data:
             return self.current
         problems: dict[str, str] = {}

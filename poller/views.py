@@ -14,8 +14,10 @@ a field a view starts reading must be added there too.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -376,6 +378,9 @@ class ContainerView:
         return cls("unknown", image=image, image_id=image_id)
 
 
+_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
+
+
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
@@ -421,6 +426,21 @@ class PodView:
         )
         owner = controller_reference(meta)
         spec = obj.get("spec") or {}
+        main_view = ContainerView.from_status(main)
+        if _IMAGE_ID.fullmatch(main_view.image):
+            # containerd reports an image pulled by digest alone (a release's
+            # manifests name them so) by its config's ID, without a
+            # repository: the spec's reference says which image that is.
+            asked = next(
+                (
+                    c.get("image")
+                    for c in spec.get("containers") or []
+                    if c.get("name") == main_container
+                ),
+                None,
+            )
+            if isinstance(asked, str) and asked:
+                main_view = dataclasses.replace(main_view, image=asked)
         return cls(
             fingerprint=pod_fingerprint(spec),
             altered=_altered(spec, status),
@@ -429,7 +449,7 @@ class PodView:
             uid=meta.get("uid", ""),
             phase=status.get("phase") or "Pending",
             deleting=bool(meta.get("deletionTimestamp")),
-            main=ContainerView.from_status(main),
+            main=main_view,
             owner_uid=owner.get("uid", ""),
             proof_attempt=verify(
                 (meta.get("annotations") or {}).get(PROOF_ANNOTATION),

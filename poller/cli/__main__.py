@@ -15,7 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from poller.cli import commands, follow, submit
+from poller import buildinfo
+from poller.cli import commands, follow, submit, version
 from poller.cli.client import Cluster, fetch_job, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.cli.kubeconfig import connect
@@ -37,6 +38,8 @@ exit codes:
 """
 
 Command = Callable[[argparse.Namespace, Cluster, Output], int]
+# A command that connects only if it needs the cluster (given how to connect).
+LazyCommand = Callable[[argparse.Namespace, Callable[[], Cluster], Output], int]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -119,6 +122,7 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _global_flags(parser, top=True)
+    parser.add_argument("--version", action=buildinfo.VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # The order of these calls is the order of the commands in --help.
     _add_submit(sub)
@@ -130,11 +134,18 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_wait(sub)
     _add_patch_commands(sub)
+    _add_version(sub)
     return parser
 
 
 def _command(
-    sub: _Commands, name: str, func: Command, help_text: str, aliases: Sequence[str] = ()
+    sub: _Commands,
+    name: str,
+    func: Command | LazyCommand,
+    help_text: str,
+    aliases: Sequence[str] = (),
+    *,
+    connects_lazily: bool = False,
 ) -> argparse.ArgumentParser:
     """A command's parser: its help, the exit codes, the global flags and what runs it."""
     cmd = sub.add_parser(
@@ -145,7 +156,7 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
         aliases=aliases,
     )
-    cmd.set_defaults(func=func)
+    cmd.set_defaults(func=func, connects_lazily=connects_lazily)
     _global_flags(cmd, top=False)
     return cmd
 
@@ -275,6 +286,19 @@ def _add_patch_commands(sub: _Commands) -> None:
         cmd.add_argument("names", nargs="+", metavar="NAME", help="job names")
 
 
+def _add_version(sub: _Commands) -> None:
+    # Lazily: the client's version is printed before (and without, with
+    # --client) a kubeconfig, as `kubectl version` does.
+    cmd = _command(
+        sub,
+        "version",
+        version.cmd_version,
+        "print the versions of this client, of Kubernetes and of the poller",
+        connects_lazily=True,
+    )
+    version.add_arguments(cmd)
+
+
 def _cmd_logs(args: argparse.Namespace, cluster: Cluster, out: Output) -> int:
     namespace, name = split_ref(args.name, cluster.namespace)
     job = fetch_job(cluster, name, namespace)
@@ -315,11 +339,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return ExitCode.USAGE
     target = None
+
+    def connected() -> Cluster:
+        nonlocal target
+        target = connect(args.kubeconfig, args.context, args.namespace)
+        return Cluster(target.api_client, target.namespace, target.server)
+
     try:
+        if args.connects_lazily:
+            return int(args.func(args, connected, out))
         cluster: Cluster | None = None
         if not (args.command == "submit" and args.dry_run == "client"):
-            target = connect(args.kubeconfig, args.context, args.namespace)
-            cluster = Cluster(target.api_client, target.namespace, target.server)
+            cluster = connected()
         return int(args.func(args, cluster, out))
     except CliError as error:
         out.note(f"error: {error.message}")

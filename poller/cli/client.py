@@ -1,11 +1,12 @@
 """The API calls the command line makes, and nothing else.
 
 Why this module exists: every command needs the same few requests (jobs,
-their events, the pod log, the results ConfigMap) and the same error
-handling, and an error is only explainable if we know what we asked for.
-So each request carries its verb, resource and namespace, and a non-2xx
-answer becomes an :class:`~poller.cli.errors.ApiError` holding the
-apiserver's Status body next to that intent; :func:`errors.explain` turns it
+their events, the pod log, the results ConfigMap; for ``lmeval version`` the
+server's version and the poller's Deployment) and the same error handling,
+and an error is only explainable if we know what we asked for. So each
+request carries its verb, resource and namespace, and a non-2xx answer
+becomes an :class:`~poller.cli.errors.ApiError` holding the apiserver's
+Status body next to that intent; :func:`errors.explain` turns it
 into words; :func:`fetch_job` adds what a person needs when the name they
 typed matches no job. Every object read besides the job itself (its results
 ConfigMap, its pod) goes through :func:`owned_object`, which shows nothing
@@ -197,6 +198,30 @@ class Cluster:
             content_type="application/merge-patch+json",
         )
         return patched
+
+    # -- the cluster and the poller (lmeval version) ----------------------------
+
+    def server_version(self) -> dict[str, Any]:
+        """The apiserver's ``GET /version`` (gitVersion, major, minor, platform...).
+
+        Every user may read it: the built-in ``system:public-info-viewer``
+        role grants it to authenticated and anonymous users alike.
+        """
+        found: dict[str, Any] = self._json("GET", "/version", verb="get", resource="version")
+        return found
+
+    def get_deployment(self, name: str, namespace: str) -> dict[str, Any]:
+        """An apps/v1 Deployment; ApiError when absent (404) or refused (403)."""
+        found: dict[str, Any] = self._json(
+            "GET",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+            verb="get",
+            resource="deployments",
+            group="apps",
+            namespace=namespace,
+            name=name,
+        )
+        return found
 
     # -- what belongs to a job -------------------------------------------------
 

@@ -38,18 +38,23 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from poller import buildinfo
 from poller.sandbox.build import _locked, cache_root
 
 __all__ = [
     "IMAGE_NAMES",
+    "RELEASE_TARGETS",
     "Image",
     "ImageBuildError",
     "ImageSet",
+    "build_release_images",
     "cached",
+    "dev_labels",
     "ensure_images",
     "stale_sets",
 ]
@@ -84,6 +89,12 @@ REFS = {
 PYTHON_BASE = "localhost/lmeval-base/python:3.11-bookworm"
 BUSYBOX_BASE = "localhost/lmeval-base/busybox:bookworm"
 BUILD_ARGS = {"PYTHON_BASE": PYTHON_BASE, "BUSYBOX_BASE": BUSYBOX_BASE}  # the Dockerfile's ARGs
+# The Dockerfile's targets a release publishes (poller.sandbox.release).
+RELEASE_TARGETS = ("poller", "job", "driver")
+# The images' org.opencontainers.image.source, and the creation time of images
+# that no commit dates (development builds): a constant keeps them cacheable.
+SOURCE = "https://github.com/lmeval-poller/lmeval-poller"
+EPOCH = "1970-01-01T00:00:00Z"
 
 SUITE = "bookworm"
 MIRRORS = (
@@ -229,6 +240,7 @@ def images_key() -> str:
     files = sorted({DOCKERFILE, DOCKERIGNORE, PAUSE_SOURCE, MODEL_SERVER_SOURCE, *context_files()})
     items = [(p.relative_to(REPO_ROOT).as_posix(), p.read_bytes()) for p in files]
     items += [("refs", " ".join(REFS.values()).encode()), ("base", base_key().encode())]
+    items += [("labels", json.dumps(dev_labels(), sort_keys=True).encode())]
     return _hash(items)
 
 
@@ -415,12 +427,53 @@ def _build_mounts(work: Path) -> list[str]:
     return ["-v", f"{ca}:{CA_BUNDLE}:ro", "-v", f"{work / 'pip.conf'}:/etc/pip.conf:ro"]
 
 
-def _bud(target: str, work: Path, log: Path) -> None:
+def _bud(
+    target: str,
+    work: Path,
+    log: Path,
+    *,
+    tree: Path = REPO_ROOT,
+    tag: str = "",
+    labels: Mapping[str, str] | None = None,
+) -> None:
+    """`buildah bud` of the Dockerfile's `target` in `tree` (a checkout), tagged
+    `tag` (default: the dev reference), with `labels` as the Dockerfile's
+    build arguments (VERSION, REVISION, CREATED, SOURCE: the OCI labels)."""
     argv = ["buildah", "bud", "--isolation", "chroot", "--layers", "--target", target]
-    argv += [w for k, v in BUILD_ARGS.items() for w in ("--build-arg", f"{k}={v}")]
+    build_args = {**BUILD_ARGS, **(labels if labels is not None else dev_labels())}
+    argv += [w for k, v in build_args.items() for w in ("--build-arg", f"{k}={v}")]
     argv += _build_mounts(work)
-    argv += ["--tag", f"localhost/{REFS[target]}", "--file", str(DOCKERFILE), str(REPO_ROOT)]
+    dockerfile = tree / DOCKERFILE.name
+    argv += ["--tag", tag or f"localhost/{REFS[target]}", "--file", str(dockerfile), str(tree)]
     _run(argv, log)
+
+
+def dev_labels() -> dict[str, str]:
+    """The build arguments of the development images: this checkout's version and
+    no revision, so that a commit that changes no input reuses the cached set."""
+    return {"VERSION": buildinfo.version(), "REVISION": "dev", "CREATED": EPOCH, "SOURCE": SOURCE}
+
+
+def build_release_images(
+    tree: Path, labels: Mapping[str, str], tags: Mapping[str, str], log: Path
+) -> dict[str, float]:
+    """Build the Dockerfile's three targets of checkout `tree` into buildah's
+    storage as `tags` (target -> local reference), with `labels` as build
+    arguments; returns seconds per step. The bases are the development
+    images' (built here if missing), so buildah's layer cache serves every
+    step a development build of the same tree already ran."""
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="lmeval-release-") as tmp:
+        work = Path(tmp)
+        for name, step in (("python-base", _python_base), ("busybox-base", _busybox_base)):
+            started = time.monotonic()
+            step(work, log)
+            seconds[name] = round(time.monotonic() - started, 1)
+        for target in RELEASE_TARGETS:
+            started = time.monotonic()
+            _bud(target, work, log, tree=tree, tag=tags[target], labels=labels)
+            seconds[target] = round(time.monotonic() - started, 1)
+    return seconds
 
 
 def _plain(_: Path, log: Path) -> None:

@@ -53,6 +53,7 @@ import threading
 import time
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -132,6 +133,7 @@ class ModelServer:
         tls: tuple[str, str] | None = None,
         wrong_share: float = 0.0,
         wrong_text: str = "I do not know",
+        hold_file: str | None = None,
     ) -> None:
         if not 0.0 <= wrong_share <= 1.0:
             raise ValueError(f"wrong_share must be between 0 and 1, not {wrong_share}")
@@ -145,6 +147,9 @@ class ModelServer:
         self.fail_first = fail_first
         self.error_text = error_text
         self.delay = delay
+        # Answers wait until this file exists: a test holds a job running for
+        # as long as it needs (an upgrade) and lets it finish by creating it.
+        self.hold_file = Path(hold_file) if hold_file else None
         self.tokenizer = ByteTokenizer()
         self.lm = HashModel()
         self.counts: dict[str, int] = {}
@@ -154,6 +159,11 @@ class ModelServer:
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    def wait_for_release(self) -> None:
+        """Hold an answer until `hold_file` exists (no hold without one)."""
+        while self.hold_file is not None and not self.hold_file.exists():
+            time.sleep(0.1)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -462,6 +472,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ValueError("tokens must be a list of integers")
                 self._send(200, {"prompt": owner.tokenizer.decode(ids)})
             elif path == "/v1/completions":
+                owner.wait_for_release()
                 if owner.delay > 0:
                     time.sleep(owner.delay)
                 if n <= owner.fail_first:
@@ -470,6 +481,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, owner.completions(body))
             elif path == "/v1/chat/completions":
                 owner.last_authorization = self.headers.get("Authorization")
+                owner.wait_for_release()
                 if owner.delay > 0:
                     time.sleep(owner.delay)
                 self._send(200, owner.chat_completions(body))
@@ -500,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--wrong-text", default="I do not know")
     parser.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (with --tls-key)")
     parser.add_argument("--tls-key", help="PEM key of --tls-cert")
+    parser.add_argument(
+        "--hold-file", help="hold every completion until this file exists (tests' gate)"
+    )
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
@@ -514,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
         wrong_share=args.wrong_share,
         wrong_text=args.wrong_text,
+        hold_file=args.hold_file,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -47,13 +47,16 @@ NODE_WORKDIR = "node"
 SETTINGS = {"poll-interval": "1s", "progress-interval": "2s"}
 
 
-def model_server_sidecar(image: str, *, delay: str = "") -> dict[str, Any]:
+def model_server_sidecar(image: str, *, delay: str = "", hold_file: str = "") -> dict[str, Any]:
     """The sample model server as a sidecar of the job pod, from `image` (the
     model-server image, images.py), on the port the sample's ``base_url`` names;
-    `delay` slows each answer (seconds)."""
+    `delay` slows each answer (seconds); with `hold_file` (a path in the
+    sidecar's /tmp), no answer comes until that file exists."""
     args = ["--host", "127.0.0.1", "--port", str(demo.MODEL_SERVER_PORT)]
     if delay:
         args += ["--delay", delay]
+    if hold_file:
+        args += ["--hold-file", hold_file]
     return {"name": "model", "image": image, "args": args}
 
 

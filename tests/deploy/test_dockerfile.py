@@ -33,7 +33,14 @@ Checks:
 - ``driver`` holds the driver at the path the poller's init container copies
   from: the init container's exact argv (from poller/podspec.py) copies it
   into an empty directory, and ``python -m driver`` then runs a command from
-  there with nothing but the standard library (a venv without packages).
+  there with nothing but the standard library (a venv without packages),
+  and reports the wheel's version (its METADATA travels inside the package);
+- what an image says about itself comes last in each final stage, after
+  every RUN and COPY (a new revision leaves the install steps' cache alone):
+  build arguments VERSION, REVISION, CREATED and SOURCE become the OCI
+  labels (``org.opencontainers.image.*``, with title, description and
+  licenses), and REVISION the poller's and the job image's
+  ``LMEVAL_REVISION``, which ``lmeval-poller --version`` shows.
 
 pip's bytecode compilation is switched off and its cache allowed in these
 runs: neither changes what gets installed.
@@ -59,6 +66,7 @@ from packaging.requirements import Requirement
 
 from poller import podspec
 from poller.sandbox import images
+from poller.sandbox.version import current as current_version
 from poller.settings import Settings
 from tests.deploy.conftest import DEPLOY, REPO, find, yaml_file
 
@@ -198,6 +206,7 @@ class Image:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
 
     def path(self, image_path: str) -> Path:
         return self.root / image_path.lstrip("/")
@@ -259,14 +268,24 @@ class Builder:
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(origin, target / origin.name)
 
-    def build(self, target: str, extra_env: dict[str, str] | None = None) -> Image:
-        """Run `target` and the stages it is built from; return its image."""
+    def build(
+        self,
+        target: str,
+        extra_env: dict[str, str] | None = None,
+        build_args: dict[str, str] | None = None,
+    ) -> Image:
+        """Run `target` and the stages it is built from; return its image.
+
+        `build_args` are ``--build-arg`` values: an ``ARG NAME`` of the stage
+        takes one, else the global ARG's default, and expands like ENV
+        (which wins over an ARG of the same name, as in Docker).
+        """
         stage = next(s for s in self.stages if s.name == target)
         if stage.base in self.images:
             parent = self.images[stage.base]
             root = self.workdir / stage.name
             shutil.copytree(parent.root, root, symlinks=True)
-            image = Image(root, dict(parent.env), parent.user)
+            image = Image(root, dict(parent.env), parent.user, labels=dict(parent.labels))
         else:
             root = self.workdir / stage.name
             root.mkdir(parents=True)
@@ -276,11 +295,20 @@ class Builder:
         for directory in ("tmp",):
             image.path(directory).mkdir(exist_ok=True)
         cwd = "/"
+        args: dict[str, str] = {}  # the stage's ARGs in scope
         for instruction in stage.instructions:
             keyword, text = instruction.keyword, instruction.text
             if keyword == "ENV":
                 for name, value in _env_pairs(text):
-                    image.env[name] = _expand(value, image.env)
+                    image.env[name] = _expand(value, {**args, **image.env})
+            elif keyword == "ARG":
+                name, has_default, default = text.partition("=")
+                given = (build_args or {}).get(name)
+                inherited = self.global_args.get(name, "")
+                args[name] = given if given is not None else (default if has_default else inherited)
+            elif keyword == "LABEL":
+                for name, value in _env_pairs(text):
+                    image.labels[name] = _expand(value, {**args, **image.env})
             elif keyword == "WORKDIR":
                 cwd = _expand(text, image.env)
                 image.path(cwd).mkdir(parents=True, exist_ok=True)
@@ -310,7 +338,7 @@ class Builder:
                 image.cmd = json.loads(text)
             elif keyword == "VOLUME":
                 image.volumes = json.loads(text)
-            elif keyword in ("EXPOSE", "LABEL", "ARG"):
+            elif keyword == "EXPOSE":
                 pass
             else:
                 raise AssertionError(f"the test cannot emulate {keyword}")
@@ -368,6 +396,51 @@ def test_python_version_is_the_tested_one() -> None:
     assert images.BUILD_ARGS["PYTHON_BASE"].endswith(f":{tested}-bookworm")
 
 
+OCI = "org.opencontainers.image."
+BUILD_METADATA_ARGS = {
+    "VERSION": "0+unknown",
+    "REVISION": "unknown",
+    "CREATED": "1970-01-01T00:00:00Z",
+    "SOURCE": "https://github.com/lmeval-poller/lmeval-poller",
+}
+FINAL_STAGES = {"driver": "lmeval-driver", "job": "lmeval-job", "poller": "lmeval-poller"}
+
+
+def test_build_metadata_comes_after_every_step() -> None:
+    global_args, stages = parse(DOCKERFILE)
+    assert {name: global_args[name] for name in BUILD_METADATA_ARGS} == BUILD_METADATA_ARGS
+    for stage in stages:
+        keywords = [i.keyword for i in stage.instructions]
+        declared = [i.text for i in stage.instructions if i.keyword == "ARG"]
+        if stage.name not in FINAL_STAGES:
+            # Declared in a stage others build on, they would reach its RUNs.
+            assert not declared, (stage.name, declared)
+            continue
+        assert sorted(declared) == sorted(BUILD_METADATA_ARGS), stage.name
+        first = keywords.index("ARG")
+        after = [i for i in stage.instructions[first:] if i.keyword in ("RUN", "COPY")]
+        # One step only, and one that installs nothing: `RUN true`, which makes
+        # buildah's layer cache tell revisions apart (its comment says why).
+        assert [i.text for i in after] == ["true"], f"{stage.name}: a step after ARG"
+        assert set(keywords[first:]) <= {"ARG", "RUN", "LABEL", "ENV"}, stage.name
+        env = [i.text for i in stage.instructions[first:] if i.keyword == "ENV"]
+        # The Python images tell their processes the revision; busybox runs none of ours.
+        assert env == ([] if stage.name == "driver" else ["LMEVAL_REVISION=${REVISION}"])
+
+
+def _assert_labels(image: Image, title: str, build_args: dict[str, str]) -> None:
+    assert image.labels == {
+        f"{OCI}title": title,
+        f"{OCI}description": image.labels.get(f"{OCI}description"),
+        f"{OCI}version": build_args["VERSION"],
+        f"{OCI}revision": build_args["REVISION"],
+        f"{OCI}created": build_args["CREATED"],
+        f"{OCI}source": build_args["SOURCE"],
+        f"{OCI}licenses": "Apache-2.0",
+    }
+    assert image.labels[f"{OCI}description"], "an empty description"
+
+
 def _wheel(image: Image, distribution: str) -> Path:
     (wheel,) = image.path(image.env["WHEELS"]).glob(f"{distribution}-*.whl")
     return wheel
@@ -383,7 +456,8 @@ def test_build_stage_makes_the_operators_and_the_drivers_wheels(builder: Builder
         f"poller/{p.name}" for p in (REPO / "poller").iterdir() if p.suffix == ".py"
     } | {"poller/py.typed"}, "the operator's wheel holds the modules directly in poller/ only"
     driver = zipfile.ZipFile(_wheel(image, "lmeval_driver")).namelist()
-    assert {n.split("/")[0] for n in driver} == {"driver", "lmeval_driver-0.1.0.dist-info"}
+    dist_info = f"lmeval_driver-{current_version()}.dist-info"
+    assert {n.split("/")[0] for n in driver} == {"driver", dist_info}
     assert "driver/__main__.py" in driver
     # .dockerignore kept the context to the two distributions: no CLI, no sandbox.
     context = {
@@ -396,10 +470,23 @@ def test_build_stage_makes_the_operators_and_the_drivers_wheels(builder: Builder
 
 
 def test_poller_image_installs_and_runs(builder: Builder) -> None:
-    image = builder.build("poller")
+    # What the sandbox's image build passes (poller/sandbox/images.py).
+    build_args = {
+        "VERSION": current_version(),
+        "REVISION": "0123456789abcdef0123456789abcdef01234567",
+        "CREATED": "2030-01-01T00:00:00Z",
+        "SOURCE": "https://example.com/lmeval-poller",
+    }
+    image = builder.build("poller", build_args=build_args)
     done = builder.run(image, ["lmeval-poller", "--help"])
     assert done.returncode == 0, done.stderr
     assert "--metrics-port" in done.stdout
+    # The version from the operator's installed metadata, the revision from the image.
+    _assert_labels(image, "lmeval-poller", build_args)
+    assert image.env["LMEVAL_REVISION"] == build_args["REVISION"]
+    shown = builder.run(image, ["lmeval-poller", "--version"], cwd=image.path("/tmp"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == f"lmeval-poller {current_version()} (revision 0123456)\n"
     assert not image.path(image.env["WHEELS"]).exists(), "the wheel directory stays in the image"
     code = (
         "import importlib.util as u; print(sorted(n for n in "
@@ -419,8 +506,12 @@ def test_poller_image_installs_and_runs(builder: Builder) -> None:
 def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
     extra = {} if FULL else {"PIP_NO_DEPS": "1"}
     image = builder.build("job", extra)
-    done = builder.run(image, ["lmeval-driver", "--version"])
+    done = builder.run(image, ["lmeval-driver", "--version"], cwd=image.path("/tmp"))
     assert done.returncode == 0, done.stderr
+    assert done.stdout == f"lmeval-driver {current_version()}\n"
+    # Without build arguments: the Dockerfile's defaults.
+    _assert_labels(image, "lmeval-job", BUILD_METADATA_ARGS)
+    assert image.env["LMEVAL_REVISION"] == "unknown"
     # The writable paths are the ones the poller mounts emptyDirs on.
     assert image.env["HF_HOME"] == podspec.HF_HOME
     assert image.env["LMEVAL_OUTPUT_ROOT"] == podspec.OUTPUT_ROOT
@@ -440,7 +531,8 @@ def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
     # Without dependencies installed: every requirement of lmeval-driver[eval]
     # (lm-eval[api] pinned) is met by the environment the tests run in.
     wheel = zipfile.ZipFile(_wheel(builder.images["build"], "lmeval_driver"))
-    lines = wheel.read("lmeval_driver-0.1.0.dist-info/METADATA").decode().splitlines()
+    metadata_file = f"lmeval_driver-{current_version()}.dist-info/METADATA"
+    lines = wheel.read(metadata_file).decode().splitlines()
     prefix = "Requires-Dist:"
     requirements = [line[len(prefix) :].strip() for line in lines if line.startswith(prefix)]
     unmet = []
@@ -469,6 +561,8 @@ def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
 
 def test_driver_image_feeds_the_init_container(builder: Builder, tmp_path: Path) -> None:
     image = builder.build("driver")
+    _assert_labels(image, "lmeval-driver", BUILD_METADATA_ARGS)
+    assert "LMEVAL_REVISION" not in image.env
     settings = Settings(**{"driver-image": "registry.example/lmeval-driver:test"})
     from poller import api
 
@@ -517,3 +611,14 @@ def test_driver_image_feeds_the_init_container(builder: Builder, tmp_path: Path)
     # after its `started` marker, proves it ran from the copied package.
     assert done.returncode == 70, done.stdout + done.stderr
     assert '"event": "started"' in done.stdout or '"event":"started"' in done.stdout, done.stdout
+    # Its version (the `driver_version` of its markers) is the wheel's: no
+    # distribution is installed there, the METADATA came inside the package.
+    shown = subprocess.run(
+        [python, "-m", "driver", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(mount)},
+        timeout=60,
+    )
+    assert shown.stdout == f"lmeval-driver {current_version()}\n", shown.stderr

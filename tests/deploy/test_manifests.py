@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from poller import api
 from poller.settings import CONFIGMAP_NAME, Settings
@@ -215,17 +216,39 @@ def _configmap_comment_keys(text: str) -> set[str]:
     return set(re.findall(r"^\s*#\s*([a-z][a-z0-9-]+):", text, flags=re.MULTILINE))
 
 
-def test_settings_configmap_holds_every_default() -> None:
+def _configmap_comment_defaults(text: str) -> dict[str, str]:
+    """The `# key: "value"` lines of a commented-out settings list."""
+    found = re.findall(r'^\s*#\s*([a-z][a-z0-9-]+):\s*("(?:[^"\\]|\\.)*")\s*$', text, re.MULTILINE)
+    return {key: yaml.safe_load(value) for key, value in found}
+
+
+def test_settings_configmap_sets_nothing_and_documents_every_default() -> None:
+    # The ConfigMap is the operators' alone: the manifests own no key of it,
+    # so that applying a newer release never overwrites or removes one.
     path = DEPLOY / "base" / "settings.yaml"
     (configmap,) = yaml_file(path)
     assert configmap["metadata"] == {"name": CONFIGMAP_NAME, "namespace": POLLER_NS}
-    data: dict[str, str] = configmap["data"]
-    assert all(isinstance(v, str) for v in data.values()), "ConfigMap values must be strings"
+    assert "data" not in configmap, "the manifests must not own settings keys"
+    text = path.read_text()
+    documented = _configmap_comment_defaults(text)
     defaults = Settings().model_dump(by_alias=True)
-    parsed = Settings.model_validate(data).model_dump(by_alias=True)
-    assert parsed == defaults, "a value in settings.yaml is not the built-in default"
-    missing = set(Settings.keys()) - set(data) - _configmap_comment_keys(path.read_text())
-    assert not missing, f"settings.yaml neither sets nor documents: {sorted(missing)}"
+    parsed = Settings.model_validate(documented).model_dump(by_alias=True)
+    assert parsed == defaults, "a value listed in settings.yaml is not the built-in default"
+    missing = set(Settings.keys()) - _configmap_comment_keys(text)
+    assert not missing, f"settings.yaml does not document: {sorted(missing)}"
+
+
+def test_release_job_image_is_an_install_default_under_the_configmap() -> None:
+    from poller.settings import INSTALL_DEFAULT_ENV
+
+    (deployment,) = [
+        d for d in yaml_file(DEPLOY / "base" / "deployment.yaml") if d["kind"] == "Deployment"
+    ]
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env[INSTALL_DEFAULT_ENV["pod-image"]] == Settings().pod_image
 
 
 def test_install_guide_documents_every_setting_and_rule() -> None:

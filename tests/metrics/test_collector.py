@@ -8,8 +8,11 @@ counted; the job-duration histogram observes the jobs a cycle moved to
 Complete (`CycleReport.finished`), so each once, and never one that finished
 before the process started; API requests are counted
 by verb/resource/code; a standby (its cycles skipped, not the leader) is
-alive but exposes no per-job series; no label is named `job` or `instance`, counters and
-histograms carry no user strings, and no `_created` series is exposed; the
+alive but exposes no per-job series; ``lmeval_build_info`` is one series, 1,
+labelled with the version and revision given (by default the installed
+metadata's, `poller.buildinfo`), named so in both exposition formats; no
+label is named `job` or `instance`, counters and histograms carry no user
+strings, and no `_created` series is exposed; the
 HTTP server serves /metrics, /healthz and /readyz and stops; the streamed
 exposition gives prometheus_client's own bytes for every format, gzip and
 name[] filter, also when large families are built in parts.
@@ -28,9 +31,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from poller import api
+from poller import api, buildinfo
 from poller.metrics import MetricsServer, PollerMetrics, exposition_app, serve
 from poller.reconciler import CycleReport
 from poller.results import parse_scores
@@ -393,6 +397,7 @@ def test_label_hygiene_and_no_created_series(
         "lmeval_kube_requests_total",
         "lmeval_leader",
         "lmeval_settings_problems",
+        "lmeval_build_info",
         "lmeval_job_duration_seconds_count",
         "lmeval_jobs",
         "lmeval_job_info",
@@ -403,6 +408,23 @@ def test_label_hygiene_and_no_created_series(
         "lmeval_job_result_stderr",
     }
     assert expected <= {name for _, name, _ in samples}
+
+
+def test_build_info_is_one_series_labelled_with_the_build(clock: Clock) -> None:
+    registry = CollectorRegistry()
+    PollerMetrics(registry, clock=clock, version="1.2.3", revision="0123abc")
+    build = [(t, name, labels) for t, name, labels in all_samples(registry) if "build" in name]
+    assert build == [("gauge", "lmeval_build_info", {"version": "1.2.3", "revision": "0123abc"})]
+    assert value(registry, "lmeval_build_info", version="1.2.3", revision="0123abc") == 1
+    # OpenMetrics too: a gauge of that very name (an Info would be family `lmeval_build`).
+    families = {f.name: f.type for f in om_families(generate_openmetrics(registry).decode())}
+    assert families["lmeval_build_info"] == "gauge"
+    # By default, what the process is: the installed metadata and the revision.
+    default = CollectorRegistry()
+    PollerMetrics(default, clock=clock)
+    labels = {"version": buildinfo.version(), "revision": buildinfo.revision()}
+    assert buildinfo.version() != buildinfo.UNKNOWN_VERSION  # this checkout is installed
+    assert value(default, "lmeval_build_info", **labels) == 1
 
 
 def test_registries_are_independent(clock: Clock) -> None:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from poller import api
-from poller.sandbox import demo, images
+from poller.sandbox import build, demo, images
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.deployed import apply_job_namespace, apply_poller
 from poller.sandbox.nodeconfig import NODE_NAME
@@ -168,29 +168,60 @@ def job_body(sample_name: str, name: str, **spec: Any) -> tuple[dict[str, Any], 
 
 
 def served_job(
-    cluster: NodeCluster, name: str, *, delay: str = ""
+    cluster: NodeCluster, name: str, *, delay: str = "", hold_file: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The served-model sample with the model server as a sidecar (slowed by `delay` s)."""
+    """The served-model sample with the model server as a sidecar (slowed by
+    `delay` s; holding every answer until `hold_file` exists in its /tmp)."""
     configmap, job = job_body("served-model", name)
-    job["spec"]["pod"] = {
-        "sidecars": [model_server_sidecar(cluster.image_refs["model_server"], delay=delay)]
-    }
+    sidecar = model_server_sidecar(
+        cluster.image_refs["model_server"], delay=delay, hold_file=hold_file
+    )
+    job["spec"]["pod"] = {"sidecars": [sidecar]}
     return configmap, job
 
 
-@pytest.fixture(scope="session")
-def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    """Plane + real node + images + the deployed poller, once per session."""
-    workdir = Path(os.environ.get("LMEVAL_TEST_NODE_DIR", tmp_path_factory.mktemp("node")))
+def start_node_plane(
+    workdir: Path,
+    *,
+    registry_port: int | None = None,
+    kubernetes: build.Kubernetes | None = None,
+) -> tuple[ControlPlane, RealNode, images.ImageSet]:
+    """A fresh plane (``real_node=True``) and the real node joined to it, both of
+    `kubernetes` (default: the current pin), with the development images in
+    the node's registry; the caller stops both."""
     built = images.ensure_images()
-    plane = ControlPlane(workdir / "plane", real_node=True)
+    plane = ControlPlane(workdir / "plane", real_node=True, kubernetes=kubernetes)
     plane.start()
-    node = RealNode(plane, workdir / "node", container_log_max_size=CONTAINER_LOG_MAX_SIZE)
+    node = RealNode(
+        plane,
+        workdir / "node",
+        container_log_max_size=CONTAINER_LOG_MAX_SIZE,
+        registry_port=registry_port,
+    )
     try:
         node.start(
             [NodeImage(image.archive, image.ref) for image in built.all()],
             pause=built.pause.ref,
         )
+    except BaseException:
+        node.stop()
+        plane.stop()
+        raise
+    return plane, node, built
+
+
+def stop_node_plane(plane: ControlPlane, node: RealNode) -> None:
+    """Stop both; whatever the tests did, the machine is as the node found it."""
+    try:
+        node.stop()
+    finally:
+        plane.stop()
+    assert node.leftovers() == [], node.leftovers()
+
+
+def _start_shared(workdir: Path) -> NodeCluster:
+    plane, node, built = start_node_plane(workdir)
+    try:
         # As a node's image cache would: the first job pod then does not
         # spend its pending time pulling 940 MiB.
         node.prepull([built.job.ref, built.poller.ref])
@@ -206,13 +237,66 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClust
         }
         cluster.settings.update(settings)
         apply_poller(plane, workdir / "overlay", poller_image=refs["poller"], settings=settings)
-        print(f"\nreal node ready: {json.dumps({k: round(v, 1) for k, v in node.times.items()})}")
-        yield cluster
+    except BaseException:
+        stop_node_plane(plane, node)
+        raise
+    print(f"\nreal node ready: {json.dumps({k: round(v, 1) for k, v in node.times.items()})}")
+    return cluster
+
+
+class NodeSlot:
+    """The machine's one real node (`RealNode` takes a machine-wide lock).
+
+    Most tests share one cluster (plane, node, deployed poller), started on
+    first use; a test that needs a fresh plane of its own (an install, an
+    upgrade) calls `stop_shared` first, and the next test that wants the
+    shared cluster starts a new one. The release tests run after the others
+    (`pytest_collection_modifyitems`), so the shared cluster starts once.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.shared: NodeCluster | None = None
+        self.starts = 0
+
+    def shared_cluster(self) -> NodeCluster:
+        if self.shared is None:
+            self.starts += 1
+            self.shared = _start_shared(self.root / f"shared-{self.starts}")
+        return self.shared
+
+    def stop_shared(self) -> None:
+        if self.shared is not None:
+            cluster, self.shared = self.shared, None
+            stop_node_plane(cluster.plane, cluster.node)
+
+
+@pytest.fixture(scope="session")
+def node_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeSlot]:
+    root = Path(os.environ.get("LMEVAL_TEST_NODE_DIR", tmp_path_factory.mktemp("node")))
+    slot = NodeSlot(root)
+    try:
+        yield slot
     finally:
-        node.stop()
-        plane.stop()
-    # Whatever the tests did, the machine is as the node found it.
-    assert node.leftovers() == [], node.leftovers()
+        slot.stop_shared()
+
+
+@pytest.fixture
+def node_cluster(node_slot: NodeSlot) -> NodeCluster:
+    """The shared plane + real node + images + deployed poller."""
+    return node_slot.shared_cluster()
+
+
+# Tests that start planes of their own run last, after every user of the
+# shared cluster.
+FRESH_PLANE_MARK = "fresh_plane"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    fresh = [item for item in items if item.get_closest_marker(FRESH_PLANE_MARK)]
+    if fresh:
+        others = [item for item in items if not item.get_closest_marker(FRESH_PLANE_MARK)]
+        items[:] = others + fresh
 
 
 @pytest.fixture
@@ -236,4 +320,12 @@ def job_namespace(node_cluster: NodeCluster, request: pytest.FixtureRequest) -> 
     node_cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-__all__ = ["NODE_NAME", "NodeCluster", "job_body", "served_job"]
+__all__ = [
+    "NODE_NAME",
+    "NodeCluster",
+    "NodeSlot",
+    "job_body",
+    "served_job",
+    "start_node_plane",
+    "stop_node_plane",
+]

@@ -10,7 +10,8 @@ the names every job repeats; an object that cannot be read as a job still
 gets a view (what of its status validates alone), which ends it Failed
 saying why, or, when it had finished, still expires by its TTL; a pod's
 view carries the main container's image and imageID as the kubelet reports
-them, in every state.
+them, in every state (an image pulled by digest alone: the spec's reference,
+not the bare ID containerd reports).
 """
 
 from __future__ import annotations
@@ -234,3 +235,16 @@ def test_the_pod_view_carries_the_image_the_kubelet_ran(state: dict[str, Any]) -
     junk = [{"name": "lmeval", "image": 5, "imageID": None, "state": state}]
     view = PodView.from_object({"status": {"containerStatuses": junk}}, "lmeval")
     assert (view.main.image, view.main.image_id) == ("", "")
+
+
+def test_an_image_pulled_by_digest_is_named_by_the_spec_not_by_its_id() -> None:
+    # containerd's status names an image pulled by digest alone by its
+    # config's ID; the provenance should say which image that was.
+    by_digest = "registry.example/lmeval/lmeval-job@sha256:" + "1" * 64
+    spec = {"containers": [{"name": "other", "image": "x"}, {"name": "lmeval", "image": by_digest}]}
+    status = {"name": "lmeval", "image": "sha256:" + "2" * 64, "imageID": by_digest, "state": {}}
+    view = PodView.from_object({"spec": spec, "status": {"containerStatuses": [status]}}, "lmeval")
+    assert view.main.image == by_digest
+    named = {**status, "image": "registry.example/lmeval/lmeval-job:0.2.0"}
+    view = PodView.from_object({"spec": spec, "status": {"containerStatuses": [named]}}, "lmeval")
+    assert view.main.image == "registry.example/lmeval/lmeval-job:0.2.0"
