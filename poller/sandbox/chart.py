@@ -59,6 +59,7 @@ __all__ = [
     "ChartError",
     "check_chart",
     "generate_chart",
+    "kustomize",
     "main",
     "set_image_defaults",
 ]
@@ -93,7 +94,9 @@ def _kubectl() -> Path:
     return build.ensure_binaries() / "kubectl"
 
 
-def _kustomize(kubectl: Path, directory: Path) -> list[Manifest]:
+def kustomize(directory: Path, kubectl: Path | None = None) -> list[Manifest]:
+    """``kubectl kustomize DIRECTORY``, parsed (the sandbox's kubectl by default)."""
+    kubectl = kubectl or _kubectl()
     done = subprocess.run(
         [str(kubectl), "kustomize", str(directory)],
         capture_output=True,
@@ -142,14 +145,14 @@ class _Renderings:
 
 def _render_all(deploy: Path, kubectl: Path, work: Path) -> _Renderings:
     overlays = deploy / "overlays"
-    kubernetes = _kustomize(kubectl, overlays / "kubernetes")
+    kubernetes = kustomize(overlays / "kubernetes", kubectl)
     openshift = (
-        _kustomize(kubectl, overlays / "openshift") if (overlays / "openshift").is_dir() else None
+        kustomize(overlays / "openshift", kubectl) if (overlays / "openshift").is_dir() else None
     )
     metrics = None
     if (deploy / "metrics").is_dir():
         overlay = _kustomization(work / "metrics", [overlays / "kubernetes"], [deploy / "metrics"])
-        metrics = _kustomize(kubectl, overlay)
+        metrics = kustomize(overlay, kubectl)
     job_namespace = None
     component = deploy / "components" / "job-namespace"
     if component.is_dir():
@@ -158,7 +161,7 @@ def _render_all(deploy: Path, kubectl: Path, work: Path) -> _Renderings:
         namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "any"}}
         (directory / "namespace.yaml").write_text(yaml.safe_dump(namespace))
         _kustomization(directory, [directory / "namespace.yaml"], [component], _JOB_NS_PLACEHOLDER)
-        job_namespace = _kustomize(kubectl, directory)
+        job_namespace = kustomize(directory, kubectl)
     return _Renderings(kubernetes, openshift, metrics, job_namespace)
 
 

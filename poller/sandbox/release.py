@@ -223,20 +223,6 @@ def _compressed_bytes(ref: str, plain_http: bool) -> int:
 # -- manifests -----------------------------------------------------------------------------
 
 
-def _kubectl() -> str:
-    return str(build.ensure_binaries() / "kubectl")
-
-
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """``kubectl kustomize DIRECTORY``, parsed."""
-    done = subprocess.run(
-        [_kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120
-    )
-    if done.returncode != 0:
-        raise ReleaseError(f"kustomize {directory} failed: {done.stderr.strip()}")
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
-
-
 def _overlay(
     work: Path, base: Path, version: str, poller: ReleaseImage | None
 ) -> list[dict[str, Any]]:
@@ -255,7 +241,7 @@ def _overlay(
             {"name": UNRELEASED_POLLER_IMAGE, "newName": name, "digest": digest}
         ]
     (work / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
-    return kustomize(work)
+    return chart.kustomize(work)
 
 
 def _set_job_image(documents: list[dict[str, Any]], job_image: str) -> None:
@@ -474,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             plain_http=args.plain_http,
             allow_dirty=args.allow_dirty,
         )
-    except (ReleaseError, images.ImageBuildError) as error:
+    except (ReleaseError, chart.ChartError, images.ImageBuildError) as error:
         print(f"release: {error}", file=sys.stderr)
         return 1
     print(f"lmeval-poller {release.version} (revision {release.revision}) in {release.directory}")
