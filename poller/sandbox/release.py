@@ -17,6 +17,9 @@ pushes them as ``HOST/PATH/lmeval-{poller,job,driver}:VERSION``, and writes:
   jobs (``deploy/examples/job-namespace``);
 - ``lmeval-poller-VERSION.tgz``, the Helm chart (`poller.sandbox.chart`)
   with the same images by digest as its defaults;
+- ``lmeval.yaml``, the krew plugin manifest of ``kubectl lmeval``, and the
+  archives it names (``kubectl-lmeval-VERSION-OS-ARCH.tar.gz``), by their
+  URLs under the GitHub release and their SHA-256 (`poller.sandbox.krewplugin`);
 - ``release.json`` (version, revision, images and digests), ``NOTES.md``
   (this version's section of ``deploy/CHANGELOG.md``) and ``checksums.txt``
   (``sha256sum -c`` format).
@@ -54,7 +57,7 @@ from typing import Any
 
 import yaml
 
-from poller.sandbox import build, chart, images
+from poller.sandbox import build, chart, images, krewplugin
 
 __all__ = [
     "IMAGE_REPOSITORIES",
@@ -117,6 +120,11 @@ class Release:
     @property
     def manifests(self) -> Path:
         return self.directory / "manifests.yaml"
+
+    @property
+    def krew_manifest(self) -> Path:
+        """The krew plugin manifest (absent for a commit without the CLI's distribution)."""
+        return self.directory / krewplugin.MANIFEST_NAME
 
 
 # -- the checkout --------------------------------------------------------------------------
@@ -270,13 +278,18 @@ def _dump(documents: list[dict[str, Any]]) -> str:
 # -- the chart archive ---------------------------------------------------------------------
 
 
+def _epoch(created: str) -> int:
+    """``created`` (the commit's time) in seconds: every archive's file times."""
+    return int(
+        dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    )
+
+
 def _chart_archive(chart_dir: Path, out: Path, created: str) -> None:
     """The chart as ``helm package`` lays it out (``NAME/...`` in a .tgz), but
     reproducible: sorted entries, the commit's time, no owner, gzip without a
     timestamp."""
-    mtime = int(
-        dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-    )
+    mtime = _epoch(created)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(p for p in chart_dir.rglob("*") if p.is_file()):
@@ -303,8 +316,10 @@ def build_release(
     plain_http: bool = False,
     allow_dirty: bool = False,
     repo: Path = REPO_ROOT,
+    krew: bool = True,
 ) -> Release:
-    """Build, push and write a release (see the module's docstring)."""
+    """Build, push and write a release (see the module's docstring); without
+    `krew`, no krew plugin (a test that only installs the operator)."""
     registry = registry.rstrip("/")
     if not registry or "://" in registry:
         raise ReleaseError(f"--registry {registry!r}: give HOST[:PORT]/PATH, without a scheme")
@@ -352,7 +367,14 @@ def build_release(
             pushed[target] = ReleaseImage(target, tag_ref, digest, size)
         seconds["push"] = round(time.monotonic() - started, 1)
         started = time.monotonic()
-        _write_artifacts(tree, out, found, revision, created, registry, pushed, notes)
+        plugin = None
+        if krew and krewplugin.has_cli(tree):
+            plugin = krewplugin.build_plugin(
+                tree, out, version=found, revision=revision, mtime=_epoch(created), log=log
+            )
+        seconds["krew"] = round(time.monotonic() - started, 1)
+        started = time.monotonic()
+        _write_artifacts(tree, out, found, revision, created, registry, pushed, notes, plugin)
         seconds["artifacts"] = round(time.monotonic() - started, 1)
     return Release(found, revision, created, registry, out, pushed, seconds)
 
@@ -380,6 +402,7 @@ def _write_artifacts(
     registry: str,
     pushed: Mapping[str, ReleaseImage],
     notes: str,
+    plugin: krewplugin.Plugin | None = None,
 ) -> None:
     deploy = tree / "deploy"
     with tempfile.TemporaryDirectory(prefix="lmeval-release-") as tmp:
@@ -413,12 +436,28 @@ def _write_artifacts(
         "created": created,
         "registry": registry,
         "images": {name: {**asdict(image), "ref": image.ref} for name, image in pushed.items()},
+        "krew": _krew_description(plugin),
     }
     (out / "release.json").write_text(json.dumps(described, indent=2, sort_keys=True) + "\n")
     sums = []
     for path in sorted(p for p in out.iterdir() if p.is_file() and p.name != "checksums.txt"):
         sums.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}")
     (out / "checksums.txt").write_text("\n".join(sums) + "\n")
+
+
+def _krew_description(plugin: krewplugin.Plugin | None) -> dict[str, Any] | None:
+    """What release.json says of the krew plugin: its manifest and archives."""
+    if plugin is None:
+        return None
+    archives = {
+        f"{platform.os}/{platform.arch}": {
+            "file": archive.name,
+            "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
+            "bytes": archive.stat().st_size,
+        }
+        for platform, archive in plugin.archives.items()
+    }
+    return {"manifest": plugin.manifest.name, "archives": archives}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,6 +485,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build uncommitted changes (never for a published release)",
     )
+    parser.add_argument(
+        "--no-krew",
+        action="store_true",
+        help="leave out the krew plugin (lmeval.yaml and its archives)",
+    )
     args = parser.parse_args(argv)
     out = args.out
     if out is None:
@@ -459,13 +503,21 @@ def main(argv: list[str] | None = None) -> int:
             commit=args.commit,
             plain_http=args.plain_http,
             allow_dirty=args.allow_dirty,
+            krew=not args.no_krew,
         )
-    except (ReleaseError, chart.ChartError, images.ImageBuildError) as error:
+    except (
+        ReleaseError,
+        chart.ChartError,
+        images.ImageBuildError,
+        krewplugin.PluginError,
+    ) as error:
         print(f"release: {error}", file=sys.stderr)
         return 1
     print(f"lmeval-poller {release.version} (revision {release.revision}) in {release.directory}")
     for image in release.images.values():
         print(f"  {image.ref}  {image.compressed_bytes / 2**20:.0f} MiB compressed")
+    if release.krew_manifest.is_file():
+        print(f"  krew plugin: {release.krew_manifest.name} and the archives it names")
     print(f"  seconds: {json.dumps(release.seconds)}")
     return 0
 
