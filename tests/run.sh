@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The project's test command (README): from a fresh clone, install what the
-# tests need from the project's own files (deploy/sandbox/setup.sh: Python
-# environment, control plane, Prometheus, all cached outside the clone), lint,
-# type-check, check the import contracts (pyproject.toml), and run the suite.
-# Arguments go to pytest.
+# tests need from the project's own files (deploy/sandbox/setup.sh's tests
+# profile: Python environment, both control planes, Kueue, Helm, as root the
+# real node's packages; here Prometheus and an S3 server; all cached outside
+# the clone), lint, type-check, check the import contracts (pyproject.toml), and
+# run the suite. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=../deploy/sandbox/setup.sh
-source deploy/sandbox/setup.sh
+source deploy/sandbox/setup.sh tests
 
 echo "== Prometheus (for the metrics tests)"
 python -m poller.sandbox.prometheus

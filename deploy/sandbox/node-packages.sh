@@ -2,13 +2,16 @@
 # Installs, from Debian's packages, what the real node (poller/sandbox/realnode.py)
 # and the image builds (poller/sandbox/images.py) run but the project does not
 # build: containerd and runc, the CNI plugins, a registry server, image tools
-# and iptables for kube-proxy. Needs root; does nothing when all are there.
+# (and the compiler images.py builds the driver's static binary with), iptables
+# for kube-proxy, and the shells whose completion scripts the CLI tests load
+# (zsh, fish; bash is always there). Needs root; does nothing when all are there.
 # setup.sh runs it when it can; run it by hand (as root) otherwise.
 set -euo pipefail
 packages=(
     containerd runc containernetworking-plugins docker-registry
-    buildah skopeo mmdebstrap busybox-static
+    buildah skopeo mmdebstrap busybox-static gcc libc6-dev
     iptables conntrack
+    zsh fish
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=("local", "real"),
         default="local",
         help="local: the local pod runner plays the kubelet (fast, no root); real: our images "
-        "on a real kubelet, containerd and runc, the poller deployed in-cluster (root; "
-        "deploy/sandbox/node-packages.sh) (default: %(default)s)",
+        "on a real kubelet, containerd and runc, the poller deployed in-cluster (root; the "
+        "first run installs the node's Debian packages, deploy/sandbox/node-packages.sh, and "
+        "builds the images) (default: %(default)s)",
     )
     run.set_defaults(func=cmd_run)
     commands.add_parser("down", help="stop it (and what `run --keep` left)").set_defaults(

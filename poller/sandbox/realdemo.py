@@ -11,14 +11,18 @@ out of reach). The served-model sample's toy model server runs as a sidecar
 of the job pod, from the job image, so the job's ``base_url`` stays
 ``127.0.0.1:8765``.
 
-It needs root and a few Debian packages (``deploy/sandbox/node-packages.sh``)
-and takes longer the first time (the images build once, cached by their
-inputs); its output and exit codes are the default mode's.
+It needs root and a few Debian packages; ``deploy/sandbox/setup.sh sandbox``
+(what ``deploy/sandbox/run.sh`` sources) prepares neither, so `prepare_node`
+installs the packages here on first use (``deploy/sandbox/node-packages.sh``)
+and says so, and the images build on first use too (cached by their
+inputs). Its output and exit codes are the default mode's.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -33,11 +37,12 @@ from poller.sandbox.bringup import DemoError, clean_workdir
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.deployed import apply_job_namespace, apply_poller
 from poller.sandbox.identities import api_client
-from poller.sandbox.realnode import NodeImage, RealNode
+from poller.sandbox.realnode import NodeImage, RealNode, missing_prerequisites
 
 __all__ = [
     "NODE_WORKDIR",
     "model_server_sidecar",
+    "prepare_node",
     "real_node_documents",
     "run_on_real_node",
     "stop_real_node",
@@ -45,6 +50,15 @@ __all__ = [
 
 NODE_WORKDIR = "node"
 SETTINGS = {"poll-interval": "1s", "progress-interval": "2s"}
+NODE_PACKAGES = Path(__file__).resolve().parents[2] / "deploy" / "sandbox" / "node-packages.sh"
+# Besides what the node runs (realnode.PREREQUISITES), what the image builds
+# run (images.py), with the Debian package of each: node-packages.sh installs
+# all of them.
+IMAGE_TOOLS = {
+    "/usr/bin/buildah": "buildah",
+    "/usr/bin/mmdebstrap": "mmdebstrap",
+    "/bin/busybox": "busybox-static",
+}
 
 
 def model_server_sidecar(image: str, *, delay: str = "", hold_file: str = "") -> dict[str, Any]:
@@ -73,6 +87,51 @@ def real_node_documents(sample: str, model_server_image: str) -> list[dict[str, 
     return documents
 
 
+def missing_packages() -> list[str]:
+    """Debian packages the real node or the image builds need and lack (empty: none)."""
+    tools = {package for path, package in IMAGE_TOOLS.items() if not Path(path).exists()}
+    return sorted(tools.union(missing_prerequisites()))
+
+
+def prepare_node(console: Console, *, euid: int | None = None) -> None:
+    """Make sure this machine can run the real node, installing what it lacks.
+
+    The sandbox profile of setup.sh (what ``deploy/sandbox/run.sh`` sources)
+    leaves out what only this mode needs, so that the default ``run`` neither
+    needs root nor touches the machine's packages. Here, as root, the node's
+    Debian packages are installed on first use, with a line that says so;
+    without root nothing can start, and the message says how to run it.
+    """
+    if (os.geteuid() if euid is None else euid) != 0:
+        raise DemoError(
+            "--node real starts containerd, runc and a kubelet on this machine and builds "
+            "images with buildah: run it as root (in a root shell: bash deploy/sandbox/run.sh "
+            "--node real)"
+        )
+    missing = missing_packages()
+    if missing:
+        console.print(
+            f"[yellow]first run on a real node:[/] installing the Debian packages it needs "
+            f"({' '.join(missing)}) with deploy/sandbox/node-packages.sh"
+        )
+        with demo.step(console, "real node's Debian packages installed"):
+            done = subprocess.run(
+                ["bash", str(NODE_PACKAGES)], capture_output=True, text=True, check=False
+            )
+            still = missing_packages()
+            if done.returncode != 0 or still:
+                tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+                raise DemoError(
+                    f"deploy/sandbox/node-packages.sh did not install {' '.join(still or missing)}"
+                    f" (exit code {done.returncode}):\n{tail}"
+                )
+    if images.cached() is None:
+        console.print(
+            "[yellow]first run on a real node:[/] building our images from the Dockerfile "
+            "(about 3 minutes on 2 cores; cached by their inputs in ~/.cache/lmeval-poller after)"
+        )
+
+
 class _NodeWatch:
     """What `demo.follow` checks each tick: the node's processes are alive."""
 
@@ -92,6 +151,7 @@ def run_on_real_node(options: demo.DemoOptions, console: Console) -> int:
     node: RealNode | None = None
     keep = False
     try:
+        prepare_node(console)
         clean_workdir(options.workdir)
         with demo.step(console, "images built from the Dockerfile (cached by their inputs)"):
             built = images.ensure_images()
