@@ -280,6 +280,10 @@ class LMEvalJobSpec(_Model):
 
     model_config = ConfigDict(
         json_schema_extra={
+            # One paragraph (a docstring's line breaks would show in kubectl explain).
+            "description": "What to evaluate and how the job pod may look. Once the job's "
+            "first pod exists, only cancel, suspend, ttlSecondsAfterFinished and "
+            "activeDeadlineSeconds may change: the spec is the record of what ran.",
             rules.VALIDATIONS: [_FEWSHOT_RULE, *_GATE_RULES, _REMOTE_CODE_RULE],
         }
     )
@@ -295,7 +299,9 @@ class LMEvalJobSpec(_Model):
         return self
 
     model: Annotated[str, Field(pattern=ARGV_WORD, max_length=128)] = Field(
-        description="lm_eval model type (--model), e.g. hf, local-completions, dummy."
+        description="lm_eval's model type (--model), e.g. hf, local-completions, "
+        "local-chat-completions, dummy: a letter or digit first (never -, so it cannot read "
+        "as an option), at most 128 characters."
     )
     model_args: (
         Annotated[
@@ -306,23 +312,29 @@ class LMEvalJobSpec(_Model):
         | None
     ) = Field(
         default=None,
-        description="lm_eval --model_args as name/value pairs (joined, at most "
-        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes).",
+        description="lm_eval's --model_args as name/value pairs, e.g. pretrained=gpt2: at most "
+        f"{ARG_PAIRS_MAX} pairs, and at most {rules.ARGV_TOKEN_BYTES_MAX} bytes once joined "
+        "into one argument (Linux refuses an argument over 128 KiB). trust_remote_code other "
+        "than false or 0 needs allowCodeExecution.",
     )
     tasks: Annotated[
         list[Annotated[str, Field(pattern=TASK_NAME, max_length=256)]],
         Field(min_length=1, max_length=200),
         rules.joined_tasks_rule(),
     ] = Field(
-        description="Task or group names (lm_eval --tasks; joined, at most "
-        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes)."
+        description="Task or group names (lm_eval --tasks), built in or from customTasks: 1 to "
+        "200 names of at most 256 characters, a letter or digit first, at most "
+        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes once joined into one argument."
     )
     num_few_shot: Annotated[int, Field(ge=0, le=1000)] | None = Field(
-        default=None, description="Few-shot examples per task (--num_fewshot)."
+        default=None,
+        description="Few-shot examples per task (--num_fewshot), 0 to 1000; each task's own "
+        "default when omitted.",
     )
     limit: Annotated[str, Field(pattern=LIMIT, max_length=LIMIT_LENGTH_MAX)] | None = Field(
         default=None,
-        description="Examples per task: a whole number, or a fraction in (0, 1] (--limit).",
+        description="Examples per task (--limit): a whole number, or a fraction in (0, 1] such "
+        f'as "0.5" (at most {LIMIT_LENGTH_MAX} characters); every example when omitted.',
     )
     gen_args: (
         Annotated[
@@ -333,49 +345,77 @@ class LMEvalJobSpec(_Model):
         | None
     ) = Field(
         default=None,
-        description="Generation arguments (--gen_kwargs; joined, at most "
-        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes).",
+        description="Generation arguments (--gen_kwargs) as name/value pairs, e.g. "
+        f"temperature=0: at most {ARG_PAIRS_MAX} pairs and {rules.ARGV_TOKEN_BYTES_MAX} bytes "
+        "once joined into one argument.",
     )
     log_samples: bool | None = Field(
-        default=None, description="Keep per-sample outputs (--log_samples)."
+        default=None,
+        description="Keep per-sample outputs (--log_samples), which gives per-item scores for "
+        "lmeval compare and a regression gate; default false (always on with spec.gate).",
     )
     batch_size: Annotated[str, Field(pattern=BATCH_SIZE)] | None = Field(
-        default=None, description='Batch size: a number, "auto" or "auto:N" (--batch_size).'
+        default=None,
+        description='Batch size (--batch_size): a number, "auto" or "auto:N" (N tries); '
+        "lm_eval's default (1) when omitted.",
     )
     env_secrets: Annotated[list[EnvSecret], Field(max_length=rules.ENV_SECRETS_MAX)] | None = Field(
         default=None,
-        description="Environment variables from Secrets (the names follow spec.pod.env's rules).",
+        description="Environment variables of the evaluation taken from Secret keys (API "
+        f"tokens, e.g. HF_TOKEN); at most {rules.ENV_SECRETS_MAX}. The requester must be "
+        "allowed to get each Secret (admission policy).",
     )
     file_secrets: Annotated[list[FileSecret], Field(max_length=rules.FILE_SECRETS_MAX)] | None = (
-        Field(default=None, description="Secrets mounted as files.")
+        Field(
+            default=None,
+            description="Secrets mounted read-only as files in the evaluation container; at "
+            f"most {rules.FILE_SECRETS_MAX}. The requester must be allowed to get each Secret.",
+        )
     )
     custom_tasks: (
         Annotated[list[CustomTasks], Field(max_length=16), _ONE_TASK_SOURCE_RULE] | None
     ) = Field(
         default=None,
         description="Task definitions from ConfigMaps or Git repositories, passed to lm_eval "
-        "with --include_path. Each entry sets exactly one of configMap and git.",
+        "with --include_path; at most 16 sources. Each entry sets exactly one of configMap "
+        "and git.",
     )
-    pod: PodOverride | None = Field(default=None, description="Restricted pod overrides.")
+    pod: PodOverride | None = Field(
+        default=None,
+        description="What a job may change in its pod: resources, environment, placement "
+        "(nodeSelector, tolerations, affinity, priorityClassName) and sidecars, nothing else. "
+        "The poller builds the pod under the restricted Pod Security profile with no API "
+        "rights, and a job must not loosen that: other pod fields (volumes, host namespaces "
+        "and ports, privileged or root containers, added capabilities, the service account, "
+        "the evaluation's image and command) are refused.",
+    )
     size: Annotated[str, Field(pattern=DNS_LABEL, max_length=63)] | None = Field(
         default=None,
         description="A resource preset from the poller setting size-presets (e.g. small, "
-        "medium, large). Resources in spec.pod.resources win over the preset's.",
+        "medium, large; a name of at most 63 characters); the setting default-size when "
+        "omitted. Resources in spec.pod.resources win over the preset's, key by key.",
     )
     device: Annotated[str, Field(pattern=r"^(cpu|mps|xpu|hpu|npu|cuda)(:[0-9]{1,2})?$")] | None = (
         Field(
             default=None,
-            description="lm_eval --device. Default: cuda when the job's resources request a "
-            "GPU, else cpu.",
+            description="lm_eval --device: cpu, cuda, mps, xpu, hpu or npu, optionally with an "
+            "index (cuda:1). Default: cuda when the job's resources request a GPU, else cpu.",
         )
     )
     outputs: (
         Annotated[Outputs, rules.exactly_one_rule("pvcName", "pvcManaged", at_most=True)] | None
-    ) = Field(default=None, description="Where full outputs go.")
+    ) = Field(
+        default=None,
+        description="Where the full outputs go besides status and the results ConfigMap: a "
+        "claim (pvcName or pvcManaged, at most one) and an OCI registry (oci). Only in the "
+        "pod, which is deleted, when omitted.",
+    )
     labels: Annotated[dict[LabelKey, LabelValue], rules.poller_keys_rule()] | None = Field(
         default=None,
-        description="Labels added to the job pod; not app.kubernetes.io/managed-by nor "
-        f"{rules.RESERVED_KEY_PREFIX}*, which the poller sets.",
+        description="Labels added to the job pod: at most 64 (a bound that keeps the key "
+        "rule's cost within the apiserver's budget), values of at most 63 characters. Not "
+        f"app.kubernetes.io/managed-by nor {rules.RESERVED_KEY_PREFIX}*, which the poller "
+        "sets.",
     )
     annotations: (
         Annotated[
@@ -386,37 +426,44 @@ class LMEvalJobSpec(_Model):
         | None
     ) = Field(
         default=None,
-        description="Annotations added to the job pod; not the poller's keys (as for labels) "
-        "nor any that sets a seccomp or AppArmor profile.",
+        description="Annotations added to the job pod, at most 64; not the poller's keys (as "
+        "for labels) nor any key containing seccomp or apparmor, which would loosen the "
+        "pod's restricted profile.",
     )
     allow_online: bool | None = Field(
         default=None,
-        description="Let the evaluation reach model hubs and dataset hosts. Needs allow-online "
-        "in the poller settings too.",
+        description="Let the evaluation reach model hubs and dataset hosts (default false: "
+        "offline, models and datasets from the image, storage or customTasks). Needs "
+        "allow-online in the poller settings too.",
     )
     suspend: bool | None = Field(
         default=None,
         description="True stops the job (its pod is deleted) until set back to false, which "
-        "starts a fresh pod.",
+        "starts a fresh pod; default false. May change after the job started.",
     )
     cancel: bool | None = Field(
-        default=None, description="True stops the job for good: it ends Complete/Cancelled."
+        default=None,
+        description="True stops the job for good: its pod is deleted and it ends "
+        "Complete/Cancelled; default false. May change after the job started.",
     )
     active_deadline_seconds: Annotated[int, Field(ge=1)] | None = Field(
         default=None,
-        description="Seconds the job may run (time suspended does not count); then it ends "
-        "Failed with DeadlineExceeded.",
+        description="Seconds the job may run, at least 1 (time suspended does not count); then "
+        "it ends Failed with DeadlineExceeded. No deadline when omitted. May change after "
+        "the job started.",
     )
     ttl_seconds_after_finished: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
-        description="Delete the job (its pod and results ConfigMap go with it) this long after "
-        "it finished. Defaults to the poller setting default-ttl-seconds-after-finished.",
+        description="Delete the job (its pod and results ConfigMap go with it) this many "
+        "seconds after it finished, 0 or more. Defaults to the poller setting "
+        "default-ttl-seconds-after-finished. May change after the job started or finished.",
     )
     allow_code_execution: bool | None = Field(
         default=None,
         description="Allow code that is not in the image: tasks that execute model-written "
-        "code, custom tasks that name Python, and trust_remote_code in modelArgs. Needs "
-        "allow-code-execution in the poller settings too.",
+        "code, custom tasks that name Python, Git task sources, and trust_remote_code in "
+        "modelArgs; default false. Needs allow-code-execution in the poller settings, and a "
+        "requester allowed to create pods in the namespace.",
     )
     model_tls: ModelTLS | None = Field(
         default=None,
@@ -429,7 +476,9 @@ class LMEvalJobSpec(_Model):
         Annotated[str, Field(pattern=TEXT, max_length=SYSTEM_INSTRUCTION_CHARS_MAX)] | None
     ) = Field(
         default=None,
-        description="System instruction added to every prompt (--system_instruction).",
+        description="System instruction added to every prompt (--system_instruction): at most "
+        f"{SYSTEM_INSTRUCTION_CHARS_MAX} characters, so that the one argument stays within "
+        f"{rules.ARGV_TOKEN_BYTES_MAX} bytes; no control characters but tab, CR and LF.",
     )
     chat_template: ChatTemplate | None = Field(
         default=None,
@@ -439,24 +488,27 @@ class LMEvalJobSpec(_Model):
     fewshot_as_multiturn: bool | None = Field(
         default=None,
         description="Few-shot examples as a multi-turn conversation (--fewshot_as_multiturn). "
-        "lm_eval turns it on with a chat template; true needs chatTemplate.enabled.",
+        "lm_eval turns it on with a chat template; true needs chatTemplate.enabled, false "
+        "passes --fewshot_as_multiturn=false.",
     )
     offline: Offline | None = Field(
         default=None,
         description="Models and datasets from storage (offline.storage.pvcName or "
-        "offline.storage.s3), as TrustyAI LMES's field of the same name.",
+        "offline.storage.s3), for clusters without internet; the job then runs offline "
+        "whatever allowOnline says.",
     )
     file_config_maps: (
         Annotated[list[FileConfigMap], Field(max_length=rules.FILE_SECRETS_MAX)] | None
     ) = Field(
         default=None,
-        description="ConfigMaps mounted read-only as files (as fileSecrets for Secrets); the "
-        "requester must be allowed to get each.",
+        description="ConfigMaps mounted read-only as files (as fileSecrets for Secrets); at "
+        f"most {rules.FILE_SECRETS_MAX}. The requester must be allowed to get each.",
     )
     baseline: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None,
-        description="Another LMEvalJob in this namespace to compare this one with "
-        "(spec.gate); never this job itself.",
+        description="Another LMEvalJob in this namespace to compare this one with (spec.gate), "
+        "never this job itself; at most 253 characters, Kubernetes' limit for a name. The "
+        "requester must be allowed to get it.",
     )
     gate: RegressionGate | None = Field(
         default=None,

@@ -149,20 +149,47 @@ class _Model(BaseModel):
 class NameValue(_Model):
     """One `name=value` pair for lm_eval's --model_args or --gen_kwargs."""
 
-    name: Annotated[str, Field(pattern=ARG_NAME, max_length=128, description="Argument name.")]
+    name: Annotated[
+        str,
+        Field(
+            pattern=ARG_NAME,
+            max_length=128,
+            description="Argument name, e.g. pretrained or temperature: a letter or _ first, "
+            "then letters, digits, _ . and -; at most 128 characters.",
+        ),
+    ]
     value: Annotated[
         str,
         Field(
             pattern=ARG_VALUE,
             max_length=4096,
-            description="Argument value; no commas or control characters.",
+            description="Argument value, at most 4096 characters. No commas (lm_eval splits "
+            "the joined pairs on them) and no control characters, tab and newline included.",
         ),
     ]
 
 
 class SecretKeyRef(_Model):
-    name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="Secret name.")]
-    key: Annotated[str, Field(pattern=DATA_KEY, max_length=253, description="Key in the Secret.")]
+    """One key of a Secret in the job's namespace."""
+
+    name: Annotated[
+        str,
+        Field(
+            pattern=DNS_SUBDOMAIN,
+            max_length=253,
+            description="Secret name (at most 253 characters, Kubernetes' limit for a name). "
+            "The admission policy refuses a job whose requester may not get it.",
+        ),
+    ]
+    key: Annotated[
+        str,
+        Field(
+            pattern=DATA_KEY,
+            max_length=253,
+            description="Key in the Secret (at most 253 characters, Kubernetes' limit for a "
+            "data key).",
+        ),
+    ]
 
 
 # A variable of the evaluation container: not one the poller sets, nor one
@@ -173,19 +200,37 @@ EvaluationEnvName = Annotated[str, Field(pattern=ENV_NAME, max_length=128), rule
 class EnvSecret(_Model):
     """An environment variable of the evaluation taken from a Secret."""
 
-    env: EvaluationEnvName = Field(description="Variable name.")
-    secret_ref: SecretKeyRef = Field(description="The Secret key that holds the value.")
+    env: EvaluationEnvName = Field(
+        description="Variable name, at most 128 characters; the same names as spec.pod.env "
+        "are refused (those the poller sets and those that load code, e.g. LD_*, PYTHON*)."
+    )
+    secret_ref: SecretKeyRef = Field(
+        description="The Secret key that holds the value; it reaches the evaluation "
+        "container's environment only, never the pod's argv or status."
+    )
 
 
 class KeyToPath(_Model):
-    key: Annotated[str, Field(pattern=DATA_KEY, max_length=253)]
-    path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$", max_length=253)]
+    """One key projected as a file, as in a Pod's volume items."""
+
+    key: Annotated[str, Field(pattern=DATA_KEY, max_length=253)] = Field(
+        description="The key to project (at most 253 characters, Kubernetes' limit for a data key)."
+    )
+    path: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$", max_length=253)] = Field(
+        description="File path relative to the mount path, e.g. config/token (no leading "
+        "/ or -); at most 253 characters."
+    )
 
 
 class SecretVolumeRef(_Model):
-    secret_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]
+    """The Secret of a fileSecrets entry and the keys to project."""
+
+    secret_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+        description="Secret name (at most 253 characters, Kubernetes' limit for a name). The "
+        "admission policy refuses a job whose requester may not get it."
+    )
     items: list[KeyToPath] | None = Field(
-        default=None, description="Keys to project; all keys when omitted."
+        default=None, description="Keys to project as files; all keys when omitted."
     )
 
 
@@ -196,9 +241,10 @@ class FileSecret(_Model):
     mount_path: Annotated[
         str, Field(pattern=MOUNT_PATH, max_length=1024), rules.mount_path_rule()
     ] = Field(
-        description="Absolute path of the mount; not over code or the poller's own mounts "
-        "(/usr, /lib*, /bin, /sbin, /opt, /tmp, /outputs, /cache, /proc, /sys, /dev, / and "
-        "/etc themselves, /etc/ld.so*, /etc/python*)."
+        description="Absolute path of the mount in normal form (no . or .. segment), at most "
+        "1024 characters. Not over code or the poller's own mounts, where a file could "
+        "replace what the evaluation loads: /usr, /lib*, /bin, /sbin, /opt, /tmp, /outputs, "
+        "/cache, /proc, /sys, /dev, / and /etc themselves, /etc/ld.so*, /etc/python*."
     )
 
 

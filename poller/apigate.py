@@ -25,22 +25,24 @@ class RegressionGate(_Model):
     sure the poller must be that it did (a paired test over the same documents)."""
 
     task: Annotated[str, Field(pattern=TASK_NAME, max_length=256)] = Field(
-        description="The task compared (one of spec.tasks, or a task of a group in it)."
+        description="The task compared (one of spec.tasks, or a task of a group in it); at "
+        "most 256 characters, as a task name in spec.tasks."
     )
     metric: Annotated[str, Field(pattern=GATE_METRIC, max_length=128)] = Field(
         default=DEFAULT_GATE_METRIC,
         description="The score compared, as lm_eval's results key <metric>,<filter> "
-        f"(default {DEFAULT_GATE_METRIC}; e.g. exact_match,strict-match).",
+        f"(default {DEFAULT_GATE_METRIC}; e.g. exact_match,strict-match); at most 128 "
+        "characters.",
     )
     max_drop: Annotated[float, Field(ge=0, le=1e9)] = Field(
         default=0.0,
         description="The largest acceptable drop, in the metric's units (0.02 is two points "
-        "of accuracy); default 0.",
+        "of accuracy); default 0, from 0 to 1e9 (a bound that keeps it a finite number).",
     )
     alpha: Annotated[float, Field(gt=0, lt=1)] = Field(
         default=0.05,
         description="Significance level: a drop counts only when the paired test's p-value "
-        "is below it; default 0.05.",
+        "is below it; default 0.05, strictly between 0 and 1 (a probability).",
     )
     higher_is_better: bool = Field(
         default=True,
@@ -52,34 +54,63 @@ class RegressionGate(_Model):
 class GateStatus(_Model):
     """The regression gate's last outcome (spec.gate), with the paired comparison's numbers."""
 
-    baseline: str = Field(description="spec.baseline when this was decided.")
+    baseline: str = Field(
+        description="spec.baseline (the job compared with) when this was decided."
+    )
     baseline_uid: str | None = Field(
         default=None,
         description="The UID of the baseline object this outcome is for: a verdict stays bound "
         "to it, whatever is later deleted or created under spec.baseline's name.",
     )
-    task: str = Field(description="spec.gate.task.")
-    metric: str = Field(description="spec.gate.metric.")
-    verdict: str = Field(description="Regressed, NotRegressed or Unknown.")
-    reason: str = Field(description="Condition Regressed's reason.")
+    task: str = Field(description="The task compared (spec.gate.task).")
+    metric: str = Field(description="The score compared (spec.gate.metric).")
+    verdict: str = Field(
+        description="Regressed (the drop exceeds maxDrop with p < alpha), NotRegressed (the "
+        "comparison ran and it does not) or Unknown (no comparison: reason says why)."
+    )
+    reason: str = Field(
+        description="Condition Regressed's reason: the verdict, or why there is none "
+        "(WaitingForBaseline, BaselineMissing, BaselineFailed, NoItemScores, NotComparable, "
+        "JobNotSucceeded, InvalidGate)."
+    )
     final: bool = Field(
         default=False,
-        description="True when not computed again: a verdict (Regressed, NotRegressed) never is; "
-        "NoItemScores and NotComparable are for this spec generation and baselineUid.",
+        description="True when not computed again (default false): a verdict (Regressed, "
+        "NotRegressed) never is; NoItemScores and NotComparable are final for this spec "
+        "generation and baselineUid.",
     )
     generation: int | None = Field(
-        default=None, description="The spec generation this outcome is for."
+        default=None, description="The spec generation (metadata.generation) this outcome is for."
     )
-    test: str | None = Field(default=None, description="The paired test used.")
+    test: str | None = Field(
+        default=None,
+        description="The paired test used: exact McNemar for 0/1 metrics, a paired bootstrap "
+        "otherwise.",
+    )
     # Not "n": YAML 1.1 readers (kubectl's among them) take a bare n for false.
-    paired: int | None = Field(default=None, description="Documents paired (n).")
-    baseline_score: float | None = Field(default=None, description="Mean over the pairs (A).")
+    paired: int | None = Field(
+        default=None, description="How many documents both runs scored (n), the pairs compared."
+    )
+    baseline_score: float | None = Field(
+        default=None, description="The baseline's mean over the pairs (A)."
+    )
     score: float | None = Field(default=None, description="This job's mean over the pairs (B).")
-    difference: float | None = Field(default=None, description="score - baselineScore.")
-    ci_low: float | None = Field(default=None, description="Confidence interval of difference.")
-    ci_high: float | None = Field(default=None, description="Confidence interval's upper end.")
-    confidence: float | None = Field(default=None, description="The interval's confidence.")
-    p_value: float | None = Field(default=None, description="The paired test's p-value.")
+    difference: float | None = Field(
+        default=None,
+        description="score - baselineScore (B - A); negative is a drop when higher is better.",
+    )
+    ci_low: float | None = Field(
+        default=None, description="Lower end of the confidence interval of difference."
+    )
+    ci_high: float | None = Field(
+        default=None, description="Upper end of the confidence interval of difference."
+    )
+    confidence: float | None = Field(
+        default=None, description="The interval's confidence level, e.g. 0.95."
+    )
+    p_value: float | None = Field(
+        default=None, description="The paired test's p-value, compared with alpha."
+    )
     baseline_only: int | None = Field(
         default=None, description="Items better in the baseline (0/1: right there, wrong here)."
     )

@@ -52,12 +52,13 @@ class GitSource(_Model):
     url: Annotated[str, Field(pattern=GIT_URL, max_length=2048)] = Field(
         description="Repository URL: https://, or http:// and git:// (unencrypted, so only to "
         "loopback hosts unless the poller setting git-allow-plaintext is true). No user or "
-        "password in the URL: use credentialsSecret."
+        "password in the URL: use credentialsSecret. At most 2048 characters."
     )
     branch: Annotated[str, Field(pattern=GIT_REF, max_length=255)] | None = Field(
         default=None,
-        description="Branch or tag to clone. Resolved when the pod starts; the commit actually "
-        "used is recorded in status.taskSources. With commit, the commit must be on it.",
+        description="Branch or tag to clone (at most 255 characters, ample for any branch "
+        "or tag). Resolved when the pod starts; the commit actually used is recorded in "
+        "status.taskSources. With commit, the commit must be on it.",
     )
     commit: Annotated[str, Field(pattern=GIT_COMMIT)] | None = Field(
         default=None,
@@ -66,15 +67,16 @@ class GitSource(_Model):
     )
     path: Annotated[str, Field(pattern=REPO_PATH, max_length=1024)] | None = Field(
         default=None,
-        description="Directory inside the repository that holds the task files (no segment "
-        "starting with '.'); the whole repository when omitted.",
+        description="Directory inside the repository that holds the task files, at most 1024 "
+        "characters (no segment starting with '.'); only it is checked out. The whole "
+        "repository when omitted.",
     )
     credentials_secret: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None,
         description="Secret with a key .git-credentials in git's credential-store format "
         "(https://USER:TOKEN@HOST, one per line), mounted as a file into the clone's "
-        "container only and read by git's own store helper. The requester must be able to "
-        "read it.",
+        "container only and read by git's own store helper. The requester must be allowed "
+        "to get it; a name of at most 253 characters.",
     )
 
 
@@ -83,7 +85,8 @@ class CustomTasks(_Model):
 
     config_map: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None,
-        description="ConfigMap whose keys are task YAML and data files. The pod mounts an "
+        description="ConfigMap (a name of at most 253 characters) whose keys are task YAML "
+        "and data files; the requester must be allowed to get it. The pod mounts an "
         "immutable copy owned by the job at /opt/lmeval/tasks/<name>; data_files paths in the "
         "YAML must be absolute under it. Task files that name Python (!function, class, .py "
         "files, templates reaching Python) need allowCodeExecution.",
@@ -99,9 +102,13 @@ class CustomTasks(_Model):
 class PvcManaged(_Model):
     """A claim the poller makes for the job's outputs (TrustyAI LMES's outputs.pvcManaged)."""
 
-    size: Quantity = Field(description='Requested storage, e.g. "1Gi".')
+    size: Quantity = Field(
+        description='Requested storage, e.g. "1Gi" (a quantity of at most 64 characters).'
+    )
     storage_class_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
-        default=None, description="StorageClass of the claim (default: the cluster's)."
+        default=None,
+        description="StorageClass of the claim, at most 253 characters (default: the "
+        "cluster's default class).",
     )
     keep: bool | None = Field(
         default=None,
@@ -135,15 +142,17 @@ class OciOutput(_Model):
 
     repository: Annotated[str, Field(pattern=OCI_REPOSITORY, max_length=512)] = Field(
         description="Registry and repository, host[:port]/path without a scheme, e.g. "
-        "registry.example.com/team/evals."
+        "registry.example.com/team/evals; at most 512 characters."
     )
     tag: Annotated[str, Field(pattern=OCI_TAG, max_length=128)] | None = Field(
         default=None,
-        description="Tag of the artifact (default: <job name>-<8 hex digits of the job's UID>).",
+        description="Tag of the artifact, at most 128 characters as the distribution spec "
+        "allows (default: <job name>-<8 hex digits of the job's UID>).",
     )
     subject: Annotated[str, Field(pattern=OCI_DIGEST, max_length=71)] | None = Field(
         default=None,
-        description="Digest (sha256:...) of a manifest in the same repository, e.g. the "
+        description="Digest (sha256: and 64 hex digits, 71 characters) of a manifest in the "
+        "same repository, e.g. the "
         "evaluated model's: the artifact names it as its OCI 1.1 subject, so that the "
         "registry's referrers of the model list the results.",
     )
@@ -152,13 +161,15 @@ class OciOutput(_Model):
         description="A Secret of type kubernetes.io/dockerconfigjson whose "
         ".dockerconfigjson holds the registry's credentials (Basic, or the credentials "
         "a Bearer token service asks); mounted read-only into the job pod. Anonymous "
-        "when omitted.",
+        "when omitted. The requester must be allowed to get it; a name of at most 253 "
+        "characters.",
     )
     plain_http: bool | None = Field(
         default=None,
         alias="plainHTTP",
-        description="Talk plain HTTP instead of HTTPS: only for a loopback registry "
-        "(127.0.0.1 or localhost).",
+        description="Talk plain HTTP instead of HTTPS (default false): only for a loopback "
+        "registry (127.0.0.1 or localhost), since it carries credentials and results in the "
+        "clear.",
     )
 
 
@@ -174,8 +185,13 @@ OciOutputSpec = Annotated[
 
 
 class Outputs(_Model):
+    """Where a job's full outputs go: a claim (named or made for it) and an OCI registry."""
+
     pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
-        default=None, description="PersistentVolumeClaim that receives the full outputs."
+        default=None,
+        description="PersistentVolumeClaim (a name of at most 253 characters) mounted at "
+        "/outputs: it receives lm_eval's run-*/ directories and the complete pod log. The "
+        "requester must be allowed to get it and to create pods in the namespace.",
     )
     pvc_managed: PvcManaged | None = Field(
         default=None,
@@ -203,13 +219,14 @@ class OfflineS3(_Model):
         "only; checked by the copy before any request)."
     )
     region: SecretKeyRef | None = Field(
-        default=None, description="Secret key holding the region (default us-east-1)."
+        default=None, description="Secret key holding the region (default us-east-1 when omitted)."
     )
     path: Annotated[str, Field(pattern=r"^([A-Za-z0-9_-][A-Za-z0-9._-]*/?)*$", max_length=1024)] = (
         Field(
             default="",
-            description="Prefix copied (a folder of the bucket; empty: the whole bucket). Its "
-            "objects land below /cache/storage relative to it, so hub/... is the hub cache.",
+            description="Prefix copied, a folder of the bucket (default empty: the whole "
+            "bucket); at most 1024 characters, S3's limit for a key. Its objects land below "
+            "/cache/storage relative to it, so hub/... is the hub cache.",
         )
     )
     verify_ssl: bool | None = Field(
@@ -230,7 +247,8 @@ class OfflineStorage(_Model):
         "pretrained=ORG/NAME and a task's dataset_path ORG/NAME load from it; any other "
         "directory can be named by path, e.g. pretrained=/cache/storage/models/NAME. The "
         "job runs offline (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) whatever allowOnline "
-        "says. The requester must be allowed to get the claim.",
+        "says. The requester must be allowed to get the claim (a name of at most 253 "
+        "characters).",
     )
     s3: OfflineS3 | None = Field(
         default=None,
@@ -249,11 +267,14 @@ class Offline(_Model):
 
 
 class ConfigMapVolumeRef(_Model):
+    """The ConfigMap of a fileConfigMaps entry and the keys to project."""
+
     name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
-        description="ConfigMap name."
+        description="ConfigMap name (at most 253 characters, Kubernetes' limit for a name). "
+        "The requester must be allowed to get it."
     )
     items: list[KeyToPath] | None = Field(
-        default=None, description="Keys to project; all keys when omitted."
+        default=None, description="Keys to project as files; all keys when omitted."
     )
 
 
@@ -263,15 +284,32 @@ class FileConfigMap(_Model):
     config_map_ref: ConfigMapVolumeRef = Field(description="The ConfigMap to mount.")
     mount_path: Annotated[
         str, Field(pattern=MOUNT_PATH, max_length=1024), rules.mount_path_rule()
-    ] = Field(description="Absolute path of the mount; the same rules as fileSecrets' mountPath.")
+    ] = Field(
+        description="Absolute path of the mount, at most 1024 characters; not over code or the "
+        "poller's own mounts (the same rules as fileSecrets' mountPath)."
+    )
 
 
 class ConfigMapKeyRef(_Model):
+    """One key of a ConfigMap in the job's namespace."""
+
     name: Annotated[
-        str, Field(pattern=DNS_SUBDOMAIN, max_length=253, description="ConfigMap name.")
+        str,
+        Field(
+            pattern=DNS_SUBDOMAIN,
+            max_length=253,
+            description="ConfigMap name (at most 253 characters, Kubernetes' limit for a "
+            "name). The requester must be allowed to get it.",
+        ),
     ]
     key: Annotated[
-        str, Field(pattern=DATA_KEY, max_length=253, description="Key in the ConfigMap.")
+        str,
+        Field(
+            pattern=DATA_KEY,
+            max_length=253,
+            description="Key in the ConfigMap (at most 253 characters, Kubernetes' limit for "
+            "a data key).",
+        ),
     ]
 
 
@@ -322,7 +360,8 @@ class ChatTemplate(_Model):
     name: Annotated[str, Field(pattern=TASK_NAME, max_length=128)] | None = Field(
         default=None,
         description="A named chat template of the model's tokenizer "
-        "(--apply_chat_template=NAME); the default template when omitted.",
+        "(--apply_chat_template=NAME), a plain word of at most 128 characters; the default "
+        "template when omitted.",
     )
 
 

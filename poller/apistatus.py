@@ -17,7 +17,9 @@ Re-exported by ``poller.api``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Annotated
 
 from pydantic import Field
@@ -32,6 +34,8 @@ __all__ = [
     "PROVENANCE_MESSAGE_MAX",
     "PROVENANCE_TASK_HASHES_MAX",
     "PROVENANCE_TEXT_MAX",
+    "REASON_DOCS",
+    "STATE_DOCS",
     "Condition",
     "ConditionType",
     "ItemScoresStatus",
@@ -62,6 +66,53 @@ class JobReason(StrEnum):
     CANCELLED = "Cancelled"
 
 
+# What each state and reason means and what to do about it: the text of
+# status.state's and status.reason's descriptions (so kubectl explain) and of
+# the generated documentation, from this one place.
+STATE_DOCS: Mapping[JobState, str] = MappingProxyType(
+    {
+        JobState.NEW: "Accepted, no pod yet: waiting for the next poll, or for a free slot "
+        "under the poller setting max-running-jobs (condition Scheduled is False, reason "
+        "Queued, and status.message gives the place in the queue).",
+        JobState.SCHEDULED: "The job pod was created and has not started its evaluation yet "
+        "(image pulls, init containers fetching tasks or storage). A pod still Pending after "
+        "the setting pod-pending-timeout ends the job Failed with the scheduler's or kubelet's "
+        "words.",
+        JobState.RUNNING: "The evaluation container runs lm_eval; status.progress says how far "
+        "it got. Cancel with spec.cancel: true, pause with spec.suspend: true.",
+        JobState.COMPLETE: "Finished for good: status.reason says how (Succeeded, Failed, "
+        "Cancelled) and status.message why. A finished job never runs again; `lmeval rerun "
+        "NAME` submits its spec as a new job.",
+        JobState.SUSPENDED: "No pod, waiting: spec.suspend is true (set it to false to start a "
+        "fresh pod), or Kueue has not admitted the job or took the admission back (condition "
+        "Suspended says which). Time suspended does not count against activeDeadlineSeconds.",
+        JobState.CANCELLED: "Never written by the poller: a user may write it into status (as "
+        "with TrustyAI LMES) to ask for cancellation, and the job then ends Complete with "
+        "reason Cancelled. Prefer spec.cancel: true.",
+    }
+)
+REASON_DOCS: Mapping[JobReason, str] = MappingProxyType(
+    {
+        JobReason.NO_REASON: "The job has not finished (New, Scheduled, Running or "
+        "Suspended): nothing to read yet.",
+        JobReason.SUCCEEDED: "lm_eval finished and its results were stored: status.results, "
+        "the results ConfigMap (status.resultsConfigMap), and the outputs claim or registry "
+        "when the job names one.",
+        JobReason.FAILED: "The evaluation did not produce results the poller could keep: "
+        "status.message says why in lm_eval's, the kubelet's or the scheduler's words, and "
+        "condition Succeeded's reason names the cause (e.g. OOMKilled, DeadlineExceeded, "
+        "ImagePullBackOff). Fix that and submit a new job.",
+        JobReason.CANCELLED: "Stopped on request (spec.cancel: true, or status.state "
+        "Cancelled written by a user): its pod was deleted and the job will not run again; "
+        "submit a new job to evaluate after all.",
+    }
+)
+
+
+def _explained(lead: str, docs: Mapping[JobState, str] | Mapping[JobReason, str]) -> str:
+    return lead + " " + " ".join(f"{value.value}: {text}" for value, text in docs.items())
+
+
 class ConditionType(StrEnum):
     SCHEDULED = "Scheduled"
     RUNNING = "Running"
@@ -78,51 +129,106 @@ class Condition(_Model):
     """A Kubernetes-style condition, as `kubectl wait --for=condition=X` reads it."""
 
     type: str = Field(
-        description="Scheduled, Running, Finished, Succeeded, Suspended, ResultsPushed or "
-        "Regressed."
+        description="What the condition tells, one of each per job. Scheduled: the job pod "
+        "was created. Running: the evaluation container runs. Finished: the job is Complete, "
+        "whatever the outcome. Succeeded: it finished with results (False: it failed or was "
+        "cancelled). Suspended: it has no pod because of spec.suspend or Kueue. "
+        "ResultsPushed: the results reached spec.outputs.oci's registry. Regressed: "
+        "spec.gate's verdict against spec.baseline (see status.gate)."
     )
-    status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$")]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
-    observed_generation: int | None = None
+    status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$")] = Field(
+        description="True, False or Unknown (Unknown: not decided yet, e.g. Regressed while "
+        "the baseline runs). `kubectl wait --for=condition=Succeeded` waits for True, "
+        "`--for=condition=Regressed=false` for False."
+    )
+    reason: str = Field(
+        default="",
+        description="Why the condition has its status, one CamelCase word (default empty). "
+        "Scheduled: PodCreated, or Queued behind max-running-jobs. Running: ContainerRunning; "
+        "False with Finished, Suspended, Resumed or Kueue's reason. Suspended: Suspended "
+        "(spec.suspend), KueueQueued, KueueInadmissible or Kueue<eviction reason> while Kueue "
+        "holds the job; False with Resumed, Admitted or Finished. Finished and Succeeded: "
+        "Succeeded, Cancelled, Failed, or the failure's cause: SpecChanged, DeadlineExceeded, "
+        "AlteredPod, ForeignPod, ForeignObject, Evicted, PodFailed, PodDeleted, "
+        "PodPendingTimeout, Unschedulable, ErrImagePull, ImagePullBackOff (or another of the "
+        "kubelet's waiting reasons), TaskSourceMismatch, UnreadableJob, PollerError, or the "
+        "container's termination reason (OOMKilled...). ResultsPushed: Pushed or PushFailed. "
+        "Regressed: Regressed, NotRegressed, WaitingForBaseline, BaselineMissing, "
+        "BaselineFailed, NoItemScores, NotComparable, JobNotSucceeded or InvalidGate.",
+    )
+    message: str = Field(
+        default="",
+        description="Details in the cluster's, lm_eval's or the gate's words, e.g. the "
+        "failure's message or the gate's numbers (default empty).",
+    )
+    last_transition_time: str = Field(
+        description="When status last changed (RFC 3339); a new reason or message under the "
+        "same status leaves it."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation (metadata.generation) it was set for."
+    )
 
 
 class Progress(_Model):
-    percent: float | None = Field(default=None, description="0 to 100.")
-    phase: str | None = Field(default=None, description="What lm_eval is doing.")
-    line: str | None = Field(default=None, description="The driver's last progress report.")
-    update_time: str | None = Field(default=None, description="When the poller last read it.")
+    """The driver's latest progress report, as the poller last read it from the pod log."""
+
+    percent: float | None = Field(
+        default=None,
+        description="How much of lm_eval's current progress bar is done, 0 to 100 (absent "
+        "when the bar has no total).",
+    )
+    phase: str | None = Field(
+        default=None,
+        description="What lm_eval is doing, in its own words, e.g. Running loglikelihood "
+        "requests (at most 200 characters).",
+    )
+    line: str | None = Field(
+        default=None,
+        description="One-line summary (percent, phase and counts), the Progress column of "
+        "kubectl get.",
+    )
+    update_time: str | None = Field(
+        default=None, description="When the poller last changed it (RFC 3339)."
+    )
 
 
 class TaskSourceStatus(_Model):
     """A Git task source as the evaluation used it."""
 
-    name: str = Field(description="The spec entry, e.g. customTasks[0].")
-    url: str | None = Field(default=None, description="spec's git.url.")
-    branch: str | None = Field(default=None, description="spec's git.branch, if any.")
+    name: str = Field(description="The spec entry it stands for, e.g. customTasks[0].")
+    url: str | None = Field(default=None, description="The entry's git.url, as in the spec.")
+    branch: str | None = Field(
+        default=None, description="The entry's git.branch, if the spec names one."
+    )
     commit: str = Field(
         description="The commit checked out, as the driver reported it: a full hash, equal to "
         "spec's git.commit when that is set (a run that reports another ends Failed)."
     )
 
 
-# status.provenance's bounds (every LIST of jobs carries it).
+# status.provenance's bounds (every LIST of jobs carries it, and the pod writes it).
 PROVENANCE_TEXT_MAX = 512
 PROVENANCE_HASH_MAX = 128
 PROVENANCE_TASK_HASHES_MAX = 50
 PROVENANCE_ARG_MAX = 1024
 PROVENANCE_ARGV_MAX = 128
 PROVENANCE_MESSAGE_MAX = 1024
+_TEXT_BOUND = (
+    f"; at most {PROVENANCE_TEXT_MAX} characters, since it comes from the pod and every list "
+    "of jobs carries it"
+)
 
 
 class Seeds(_Model):
     """The seeds lm_eval ran with (its results' config), each absent when it was not set."""
 
-    random: int | None = Field(default=None, description="Python's random seed.")
-    numpy: int | None = Field(default=None, description="NumPy's seed.")
-    torch: int | None = Field(default=None, description="torch's seed.")
-    fewshot: int | None = Field(default=None, description="The few-shot sampler's seed.")
+    random: int | None = Field(default=None, description="Python's random module's seed.")
+    numpy: int | None = Field(default=None, description="NumPy's random seed.")
+    torch: int | None = Field(default=None, description="PyTorch's random seed.")
+    fewshot: int | None = Field(
+        default=None, description="The seed of lm_eval's few-shot example sampler."
+    )
 
 
 class Provenance(_Model):
@@ -135,30 +241,36 @@ class Provenance(_Model):
     """
 
     driver_version: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
-        default=None, description="The in-pod driver's version."
+        default=None, description=f"The in-pod driver's version{_TEXT_BOUND}."
     )
     lm_eval_version: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
-        default=None, description="lm_eval's version, as installed in the image."
+        default=None, description=f"lm_eval's version, as installed in the image{_TEXT_BOUND}."
     )
     image: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
-        default=None, description="The main container's image, as the kubelet reports it."
+        default=None,
+        description=f"The main container's image, as the kubelet reports it{_TEXT_BOUND}.",
     )
     image_id: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
         default=None,
         alias="imageID",
-        description="The image the kubelet actually ran (its imageID, a digest on a real node).",
+        description="The image the kubelet actually ran (its imageID, a digest on a real "
+        f"node){_TEXT_BOUND}.",
     )
     model: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
-        default=None, description="lm_eval's model type (--model), as its results record it."
+        default=None,
+        description=f"lm_eval's model type (--model), as its results record it{_TEXT_BOUND}.",
     )
     model_name: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
-        default=None, description="The pretrained= (or model=) value of lm_eval's model_args."
+        default=None,
+        description="The pretrained= (or model=) value of lm_eval's model_args, URL "
+        f"credentials hidden; nothing else of them is copied{_TEXT_BOUND}.",
     )
     server_models: Annotated[str, Field(max_length=PROVENANCE_TEXT_MAX)] | None = Field(
         default=None,
-        description="API models: the ids the model server's /v1/models listed (comma-separated).",
+        description="API models: the ids the model server's /v1/models listed "
+        f"(comma-separated){_TEXT_BOUND}.",
     )
-    seeds: Seeds | None = Field(default=None, description="lm_eval's seeds.")
+    seeds: Seeds | None = Field(default=None, description="The seeds lm_eval ran with.")
     task_hashes: (
         Annotated[
             dict[
@@ -170,12 +282,15 @@ class Provenance(_Model):
         | None
     ) = Field(
         default=None,
-        description="lm_eval's task_hashes (written with logSamples): a hash of every task's "
-        f"documents, prompts and targets. At most {PROVENANCE_TASK_HASHES_MAX} tasks, in name "
-        "order; provenance.json has them all.",
+        description="lm_eval's task_hashes (written with logSamples): task name to a hash of "
+        f"its documents, prompts and targets. The first {PROVENANCE_TASK_HASHES_MAX} tasks by "
+        f"name, names of at most {PROVENANCE_TEXT_MAX} and hashes of at most "
+        f"{PROVENANCE_HASH_MAX} characters; provenance.json has them all.",
     )
     task_hashes_omitted: int | None = Field(
-        default=None, description="Tasks whose hash only provenance.json holds."
+        default=None,
+        description="How many tasks' hashes were left out of taskHashes (provenance.json "
+        "holds them).",
     )
     argv: (
         Annotated[
@@ -185,8 +300,9 @@ class Provenance(_Model):
         | None
     ) = Field(
         default=None,
-        description="lm_eval's command line as the driver ran it, secrets redacted (shortened "
-        "when long: provenance.json has it whole).",
+        description="lm_eval's command line as the driver ran it, secrets redacted: at most "
+        f"{PROVENANCE_ARGV_MAX} arguments of at most {PROVENANCE_ARG_MAX} characters "
+        "(provenance.json has it whole).",
     )
 
 
@@ -194,25 +310,53 @@ class ItemScoresStatus(_Model):
     """Where the run's per-item scores are kept, and how many there are."""
 
     stored: Annotated[str, Field(pattern=r"^(ConfigMap|None)$")] = Field(
-        description="ConfigMap: in the results ConfigMap (items.json.gz); None: not kept."
+        description="ConfigMap: kept in the results ConfigMap (items.json.gz), where lmeval "
+        "compare and the regression gate read them; None: not kept (message says why)."
     )
-    tasks: int | None = Field(default=None, description="Tasks with per-item scores.")
-    items: int | None = Field(default=None, description="Documents, over all those tasks.")
+    tasks: int | None = Field(default=None, description="How many tasks have per-item scores.")
+    items: int | None = Field(
+        default=None, description="How many documents have scores, over all those tasks."
+    )
     bytes: int | None = Field(
-        default=None, description="Size of the per-item scores JSON (stored gzip'd)."
+        default=None,
+        description="Size in bytes of the per-item scores' JSON, before it is stored gzip'd.",
     )
     message: Annotated[str, Field(max_length=PROVENANCE_MESSAGE_MAX)] | None = Field(
-        default=None, description="Why they are not kept, or a note on them."
+        default=None,
+        description="Why they are not kept (e.g. lm_eval wrote no samples: run with "
+        f"logSamples), or a note on them; at most {PROVENANCE_MESSAGE_MAX} characters.",
     )
 
 
 class LMEvalJobStatus(_Model):
-    """What the poller observed; written only by the poller."""
+    """Written only by the poller: the job's state, outcome, results, provenance and conditions."""
 
-    state: JobState | None = Field(default=None, description="Lifecycle state.")
-    reason: JobReason | None = Field(default=None, description="Outcome once Complete.")
-    message: str | None = Field(default=None, description="Human-readable detail.")
-    pod_name: str | None = Field(default=None, description="The job pod.")
+    state: JobState | None = Field(
+        default=None,
+        description=_explained(
+            "Where the job is in its lifecycle (New, Scheduled, Running, Complete; Suspended "
+            "on the way), the State column of kubectl get; select on it with "
+            "--field-selector status.state=Running.",
+            STATE_DOCS,
+        ),
+    )
+    reason: JobReason | None = Field(
+        default=None,
+        description=_explained(
+            "How the job ended, once state is Complete; the Reason column of kubectl get.",
+            REASON_DOCS,
+        ),
+    )
+    message: str | None = Field(
+        default=None,
+        description="What happened last, in the cluster's or lm_eval's own words (e.g. "
+        "ValueError: Tasks not found: x (exit code 1), OOMKilled: ..., pod ... was evicted: "
+        "...); kubectl get -o wide shows it.",
+    )
+    pod_name: str | None = Field(
+        default=None,
+        description="Name of the job pod (the job's name plus a short hash of its UID).",
+    )
     pod_uid: str | None = Field(
         default=None,
         alias="podUID",
@@ -226,7 +370,8 @@ class LMEvalJobStatus(_Model):
     )
     spec_digest: Annotated[str, Field(max_length=80)] | None = Field(
         default=None,
-        description="Digest of what the job evaluates (its spec without cancel, suspend, "
+        description="Digest (sha256:<hex>, at most 80 characters) of what the job evaluates "
+        "(its spec without cancel, suspend, "
         "ttlSecondsAfterFinished and activeDeadlineSeconds) when its first pod was made. Once "
         "started, a job's spec is frozen but for those four fields: a job whose spec no longer "
         "matches ends Failed (cause SpecChanged), since its results would be paired with a "
@@ -234,37 +379,61 @@ class LMEvalJobStatus(_Model):
     )
     pod_fingerprint: Annotated[str, Field(max_length=80)] | None = Field(
         default=None,
-        description="Digest of the job pod's containers and their images as the apiserver "
+        description="Digest (sha256:<hex>, at most 80 characters) of the job pod's containers "
+        "and their images as the apiserver "
         "admitted it (sha256 over each container's kind, name and image). A pod whose "
         "containers or images differ later was changed after admission: the job ends Failed "
         "and the pod is deleted, unread.",
     )
-    last_schedule_time: str | None = Field(default=None, description="When the pod was created.")
-    complete_time: str | None = Field(default=None, description="When the job finished.")
+    last_schedule_time: str | None = Field(
+        default=None, description="When the current pod was created (RFC 3339)."
+    )
+    complete_time: str | None = Field(
+        default=None,
+        description="When the job finished (RFC 3339); ttlSecondsAfterFinished counts from it.",
+    )
     start_time: str | None = Field(
-        default=None, description="When the first pod was created (for activeDeadlineSeconds)."
+        default=None,
+        description="When the first pod was created (RFC 3339); activeDeadlineSeconds counts "
+        "from it.",
     )
-    suspend_time: str | None = Field(default=None, description="When the job was last suspended.")
+    suspend_time: str | None = Field(
+        default=None, description="When the job was last suspended (RFC 3339), while it is."
+    )
     suspended_seconds: int | None = Field(
-        default=None, description="Time spent suspended; not counted against the deadline."
+        default=None,
+        description="Seconds spent suspended so far; not counted against activeDeadlineSeconds.",
     )
-    progress: Progress | None = Field(default=None, description="Latest progress report.")
+    progress: Progress | None = Field(
+        default=None, description="The driver's latest progress report, while lm_eval runs."
+    )
     results: str | None = Field(
-        default=None, description="lm_eval results JSON (reduced when large; see resultsConfigMap)."
+        default=None,
+        description="lm_eval's results JSON, secrets in its echo of the configuration "
+        "redacted; reduced to 256 KiB when larger (echoed task configurations go first, "
+        "scores never). The whole of it is in resultsConfigMap.",
     )
     results_reduced: bool | None = Field(
-        default=None, description="True when results omits parts of the full results JSON."
+        default=None,
+        description="True when results leaves out parts of the full results JSON (read "
+        "resultsConfigMap's results.json).",
     )
     results_config_map: str | None = Field(
         default=None,
-        description="ConfigMap (owned by the job) holding the complete results and the "
-        "archived tail of the pod log.",
+        description="ConfigMap <job>-results, owned by the job (deleted with it): the "
+        "complete results (results.json, or gzip'd as results.json.gz), the archived tail "
+        "of the pod log (log-tail.txt), provenance.json and the per-item scores "
+        "(items.json.gz).",
     )
     results_source: str | None = Field(
-        default=None, description="Where the results were read: log or exec."
+        default=None,
+        description="Where the results were read: log (the pod log, the default) or exec "
+        "(the results file, with the poller setting results-source: exec).",
     )
     outputs: str | None = Field(
-        default=None, description="Where the full outputs are kept (spec.outputs.pvcName)."
+        default=None,
+        description="Where the full outputs are kept: the claim of spec.outputs (pvcName or "
+        "pvcManaged), with lm_eval's run-*/ directories and the complete pod log.",
     )
     task_sources: list[TaskSourceStatus] | None = Field(
         default=None,
@@ -295,7 +464,12 @@ class LMEvalJobStatus(_Model):
         description="The regression gate's outcome (spec.gate): the numbers behind "
         "condition Regressed.",
     )
-    conditions: list[Condition] | None = Field(default=None, description="Current conditions.")
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="The job's conditions, at most one of each type, for kubectl wait "
+        "(--for=condition=Finished, Succeeded, Regressed=false...) and kubectl describe.",
+    )
     observed_generation: int | None = Field(
-        default=None, description="The spec generation this status reflects."
+        default=None,
+        description="The spec generation (metadata.generation) this status reflects.",
     )
