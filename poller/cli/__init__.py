@@ -7,8 +7,11 @@ job looked up by the name a person typed, and the one read of the objects
 that belong to a job, which refuses any the job does not control),
 ``errors`` (actionable messages, exit codes), ``submit`` (flags or a file to
 a validated LMEvalJob), ``commands`` (submit, list, get, results, compare,
-cancel, suspend, resume), ``follow`` (logs and wait, by polling), ``version``
-(the client's, the cluster's and the poller's versions), ``facts`` (facts
-about a job) and ``render`` (tables and formats). See README.md
-beside this file.
+cancel, suspend, resume, delete), ``selection`` (names or ``-l`` as
+kubectl), ``output`` (the one ``-o`` vocabulary: json, yaml, name, wide,
+jsonpath, custom-columns), ``follow`` (logs and wait, by polling),
+``waitfor`` (``--for`` and ``--timeout``), ``watch`` (``-w``), ``completion``
+(shell completion), ``version`` (the client's, the cluster's and the
+poller's versions), ``facts`` (facts about a job) and ``render`` (tables
+and formats). See README.md beside this file.
 """

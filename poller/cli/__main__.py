@@ -13,10 +13,12 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import argcomplete
 
 from poller import buildinfo
-from poller.cli import commands, follow, submit, version
+from poller.cli import commands, completion, follow, output, selection, submit, version, waitfor
 from poller.cli.client import Cluster, fetch_job, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.cli.kubeconfig import connect
@@ -27,14 +29,16 @@ __all__ = ["EXIT_CODES_HELP", "build_parser", "main"]
 EXIT_CODES_HELP = """\
 exit codes:
   0  success
-  1  the job ended Failed or Cancelled (wait, submit --wait)
-  2  wait timed out
-  3  invalid flags, spec or file; request refused as invalid
-  4  job not found, or it has no pod, log or results yet
+  1  a job ended without meeting --for: Failed or Cancelled (wait, submit --wait)
+  2  wait (or delete --wait, submit --wait) timed out
+  3  invalid flags, spec, file, -o format or template; request refused as invalid
+  4  job not found (the other jobs named are still acted on), or it has no pod,
+     log or results yet; wait: no job matches -l
   5  the LMEvalJob API is not installed on the cluster
   6  permission denied (RBAC, or an admission policy: its own message)
   7  kubeconfig, credentials or connection problem, other API errors
   8  an object the job names (results ConfigMap, pod) is not the job's: not shown
+  130  interrupted (Ctrl-C; how list -w and get -w end)
 """
 
 Command = Callable[[argparse.Namespace, Cluster, Output], int]
@@ -103,13 +107,21 @@ def _interval(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _formats(parser: argparse.ArgumentParser, choices: list[str], default: str) -> None:
+def _no_headers(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-o",
-        "--output",
-        choices=choices,
-        default=default,
-        help=f"output format: {', '.join(choices)}",
+        "--no-headers", action="store_true", help="tables without their header row (as kubectl)"
+    )
+
+
+def _watch(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="after the table, print a line for every job that changes, until interrupted",
+    )
+    parser.add_argument(
+        "--watch-only", action="store_true", help="as --watch, without the table first"
     )
 
 
@@ -134,7 +146,9 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_wait(sub)
     _add_patch_commands(sub)
+    _add_delete(sub)
     _add_version(sub)
+    _add_completion(sub)
     return parser
 
 
@@ -146,13 +160,14 @@ def _command(
     aliases: Sequence[str] = (),
     *,
     connects_lazily: bool = False,
+    epilog: str = EXIT_CODES_HELP,
 ) -> argparse.ArgumentParser:
     """A command's parser: its help, the exit codes, the global flags and what runs it."""
     cmd = sub.add_parser(
         name,
         help=help_text,
         description=help_text,
-        epilog=EXIT_CODES_HELP,
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         aliases=aliases,
     )
@@ -174,7 +189,8 @@ def _add_rerun(sub: _Commands) -> None:
         commands.cmd_rerun,
         "run a finished job again: a new job with its spec, annotated with the original",
     )
-    cmd.add_argument("name", help="the finished job (or NAMESPACE/NAME)")
+    name = cmd.add_argument("name", help="the finished job (or NAMESPACE/NAME)")
+    name.completer = completion.job_names  # type: ignore[attr-defined]
     cmd.add_argument(
         "--name",
         dest="new_name",
@@ -186,18 +202,9 @@ def _add_rerun(sub: _Commands) -> None:
         choices=["server"],
         help="server: validated by the apiserver and the admission policy, not created",
     )
-    cmd.add_argument(
-        "-o", "--output", choices=["yaml", "json", "name"], help="print the new job in this format"
-    )
+    output.add_output(cmd, output.OBJECT_FORMATS, "print the new job in this format")
     cmd.add_argument("--wait", action="store_true", help="follow the new job to its end")
-    cmd.add_argument(
-        "--for",
-        dest="wait_for",
-        choices=["succeeded", "finished"],
-        default="succeeded",
-        help="with --wait: what to wait for (default: succeeded)",
-    )
-    cmd.add_argument("--timeout", help="with --wait: give up after this long (default: never)")
+    waitfor.add_wait_flags(cmd, timeout_default=None, prefix="with --wait: ")
     _interval(cmd)
 
 
@@ -207,18 +214,32 @@ def _add_list(sub: _Commands) -> None:
     )
     cmd.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
     cmd.add_argument("-l", "--selector", help="label selector, e.g. team=nlp")
-    cmd.add_argument("-o", "--output", choices=["wide", "json", "yaml"], help="output format")
+    output.add_output(cmd, ("wide", *output.OBJECT_FORMATS))
+    _no_headers(cmd)
+    _watch(cmd)
+    _interval(cmd)
 
 
 def _add_get(sub: _Commands) -> None:
-    cmd = _command(sub, "get", commands.cmd_get, "show one job: spec, conditions, events, results")
-    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
-    cmd.add_argument("-o", "--output", choices=["json", "yaml"], help="print the object instead")
+    cmd = _command(
+        sub,
+        "get",
+        commands.cmd_get,
+        "show jobs: spec, conditions, events, results (-o for the objects, -w to watch them)",
+    )
+    selection.add_selection(cmd, verb="show")
+    output.add_output(
+        cmd, ("wide", *output.OBJECT_FORMATS), "wide: the jobs as rows of `list -o wide`"
+    )
+    _no_headers(cmd)
+    _watch(cmd)
+    _interval(cmd)
 
 
 def _add_logs(sub: _Commands) -> None:
     cmd = _command(sub, "logs", _cmd_logs, "print the evaluation's log (markers hidden)")
-    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
+    name = cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
+    name.completer = completion.job_names  # type: ignore[attr-defined]
     cmd.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     cmd.add_argument("--raw", action="store_true", help="keep the driver's ::lmeval:: marker lines")
     cmd.add_argument("--tail", type=_number(int, 0), metavar="N", help="only the last N lines")
@@ -227,8 +248,10 @@ def _add_logs(sub: _Commands) -> None:
 
 def _add_results(sub: _Commands) -> None:
     cmd = _command(sub, "results", commands.cmd_results, "print a job's scores")
-    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
-    _formats(cmd, ["table", "json", "csv", "markdown"], "table")
+    name = cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
+    name.completer = completion.job_names  # type: ignore[attr-defined]
+    output.add_output(cmd, output.TABLE_FORMATS, "default table")
+    _no_headers(cmd)
 
 
 def _add_compare(sub: _Commands) -> None:
@@ -239,11 +262,14 @@ def _add_compare(sub: _Commands) -> None:
         "compare jobs: for two with per-item scores, a paired significance test per task and "
         "metric (A = the first, the baseline; B = the second); else scores side by side",
     )
-    cmd.add_argument("names", nargs="+", metavar="NAME", help="job names (or NAMESPACE/NAME)")
-    _formats(cmd, ["table", "json", "csv", "markdown"], "table")
-    cmd.add_argument(
-        "--json", dest="output", action="store_const", const="json", help="same as -o json"
+    names = cmd.add_argument(
+        "names", nargs="+", metavar="NAME", help="job names (or NAMESPACE/NAME)"
     )
+    names.completer = completion.job_names  # type: ignore[attr-defined]
+    output.add_output(cmd, output.TABLE_FORMATS, "default table")
+    # The older spelling of -o json: hidden, kept for scripts that use it.
+    cmd.add_argument("--json", dest="output", action=_DeprecatedJson, help=argparse.SUPPRESS)
+    _no_headers(cmd)
     cmd.add_argument(
         "--task", action="append", metavar="TASK", help="compare only this task (repeatable)"
     )
@@ -261,17 +287,32 @@ def _add_compare(sub: _Commands) -> None:
     )
 
 
+class _DeprecatedJson(argparse.Action):
+    """``compare --json``: -o json, with a warning on stderr."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        sys.stderr.write("warning: --json is deprecated: use -o json\n")
+        setattr(namespace, self.dest, output.Format("json"))
+
+
 def _add_wait(sub: _Commands) -> None:
-    cmd = _command(sub, "wait", _cmd_wait, "wait for a job to end, with a progress bar")
-    cmd.add_argument("name", help="job name (or NAMESPACE/NAME)")
-    cmd.add_argument(
-        "--for",
-        dest="wait_for",
-        choices=["succeeded", "finished"],
-        default="succeeded",
-        help="succeeded: exit 0 only on success (default); finished: exit 0 once it ended",
+    cmd = _command(
+        sub,
+        "wait",
+        _cmd_wait,
+        "wait for jobs to meet a condition (by default: to succeed), with a progress bar",
     )
-    cmd.add_argument("--timeout", help="give up after this long, e.g. 10m (default: no limit)")
+    selection.add_selection(cmd, verb="wait for", all_flag=True)
+    waitfor.add_wait_flags(cmd, timeout_default=waitfor.WAIT_DEFAULT_TIMEOUT)
     _interval(cmd)
 
 
@@ -283,7 +324,47 @@ def _add_patch_commands(sub: _Commands) -> None:
         ("resume", "resume suspended jobs (fresh pods)"),
     ):
         cmd = _command(sub, name, commands.cmd_patch, words)
-        cmd.add_argument("names", nargs="+", metavar="NAME", help="job names")
+        selection.add_selection(cmd, verb=name)
+        output.add_output(cmd, output.OBJECT_FORMATS, "print the patched jobs")
+
+
+def _add_delete(sub: _Commands) -> None:
+    cmd = _command(
+        sub,
+        "delete",
+        commands.cmd_delete,
+        "delete jobs; their pods and results ConfigMaps go with them",
+    )
+    selection.add_selection(cmd, verb="delete", all_flag=True)
+    cmd.add_argument(
+        "--ignore-not-found",
+        action="store_true",
+        help="a name that matches no job is not an error",
+    )
+    cmd.add_argument(
+        "--wait",
+        nargs="?",
+        const="true",
+        default="true",
+        type=_boolean,
+        metavar="true|false",
+        help="wait until the jobs are gone (default: true, as kubectl)",
+    )
+    cmd.add_argument(
+        "--timeout",
+        type=waitfor.timeout_arg,
+        metavar="DURATION",
+        help="with --wait: give up after this long (default: no limit; exit 2)",
+    )
+    output.add_output(cmd, ("name",), "only the names of the deleted jobs")
+    _interval(cmd)
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"true or false, not {text!r}")
+    return lowered == "true"
 
 
 def _add_version(sub: _Commands) -> None:
@@ -297,6 +378,18 @@ def _add_version(sub: _Commands) -> None:
         connects_lazily=True,
     )
     version.add_arguments(cmd)
+
+
+def _add_completion(sub: _Commands) -> None:
+    cmd = _command(
+        sub,
+        "completion",
+        completion.cmd_completion,
+        "print a shell completion script (bash, zsh or fish)",
+        connects_lazily=True,
+        epilog=completion.SETUP_HELP + "\n" + EXIT_CODES_HELP,
+    )
+    completion.add_arguments(cmd)
 
 
 def _cmd_logs(args: argparse.Namespace, cluster: Cluster, out: Output) -> int:
@@ -314,16 +407,30 @@ def _cmd_logs(args: argparse.Namespace, cluster: Cluster, out: Output) -> int:
 
 
 def _cmd_wait(args: argparse.Namespace, cluster: Cluster, out: Output) -> int:
-    namespace, name = split_ref(args.name, cluster.namespace)
-    return follow.wait_job(
+    if args.wait_for.delete and args.names:
+        # A job already gone has met --for=delete: nothing to look up first.
+        selection.check_selection(args)
+        targets = selection.refs(args, cluster)
+        code = int(ExitCode.OK)
+    else:
+        chosen = selection.select_jobs(cluster, args)
+        if not chosen.jobs and not chosen.missing:
+            raise CliError(f"no LMEvalJobs match in {chosen.where}", ExitCode.NOT_FOUND)
+        code = selection.report_missing(out, chosen)
+        targets = [
+            (str(j["metadata"]["namespace"]), str(j["metadata"]["name"])) for j in chosen.jobs
+        ]
+    if not targets:
+        return code
+    waited = follow.wait_jobs(
         cluster,
         out,
-        name,
-        namespace,
+        targets,
         want=args.wait_for,
-        timeout=follow.timeout_seconds(args.timeout),
+        timeout=args.timeout,
         interval=args.interval,
     )
+    return code or waited
 
 
 def _prog() -> str:
@@ -333,11 +440,14 @@ def _prog() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(_prog())
+    # On Tab, the shell runs lmeval with the command line in its environment
+    # (_ARGCOMPLETE): this answers and exits; otherwise it returns at once.
+    argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     out = Output()
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return ExitCode.USAGE
+    if args.command is None:  # bare `lmeval`: its help, as kubectl
+        parser.print_help(sys.stdout)
+        return ExitCode.OK
     target = None
 
     def connected() -> Cluster:

@@ -199,6 +199,25 @@ class Cluster:
         )
         return patched
 
+    def delete_job(self, name: str, namespace: str) -> dict[str, Any]:
+        """Delete the job; its pod and results ConfigMap follow (ownerReferences).
+
+        Background propagation, kubectl's default: the garbage collector
+        deletes what the job owns once the job is gone. The answer is the job
+        (still there while a finalizer holds it) or a Status.
+        """
+        answer: dict[str, Any] = self._json(
+            "DELETE",
+            self._jobs_path(namespace, name),
+            verb="delete",
+            resource=api.PLURAL,
+            group=api.API_GROUP,
+            namespace=namespace,
+            name=name,
+            body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+        )
+        return answer
+
     # -- the cluster and the poller (lmeval version) ----------------------------
 
     def server_version(self) -> dict[str, Any]:

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from poller import api, timefmt
-from poller.cli import facts, follow, paired, render, rerun, submit
+from poller.cli import facts, follow, output, paired, render, rerun, selection, submit, watch
 from poller.cli.client import Cluster, fetch_job, results_configmap, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.results import RESULTS_GZ_KEY, RESULTS_KEY, packed_results_text
 
 __all__ = [
     "cmd_compare",
+    "cmd_delete",
     "cmd_get",
     "cmd_list",
     "cmd_patch",
@@ -34,6 +36,9 @@ __all__ = [
     "cmd_results",
     "cmd_submit",
 ]
+
+
+_YAML = output.Format("yaml")
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -58,13 +63,7 @@ def cmd_submit(args: argparse.Namespace, cluster: Cluster | None, out: render.Ou
         for job in jobs:
             if args.namespace:
                 job["metadata"]["namespace"] = args.namespace
-        fmt = "json" if args.output == "json" else "yaml"
-        if len(jobs) == 1:
-            out.write(render.dump(jobs[0], fmt))
-        elif fmt == "json":
-            out.write(render.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, fmt))
-        else:
-            out.write("---\n".join(render.dump(job, fmt) for job in jobs))
+        output.print_objects(out, args.output or _YAML, jobs, single=len(jobs) == 1)
         return ExitCode.OK
     assert cluster is not None
     created_jobs = []
@@ -73,10 +72,8 @@ def cmd_submit(args: argparse.Namespace, cluster: Cluster | None, out: render.Ou
         created = _call(cluster.create_job, job, namespace, server_dry_run=args.dry_run == "server")
         created_jobs.append(created)
         meta = created["metadata"]
-        if args.output in ("yaml", "json"):
-            out.write(render.dump(created, args.output))
-        elif args.output == "name":
-            out.write(f"lmevaljob/{meta['name']}")
+        if args.output is not None:
+            output.print_objects(out, args.output, [created], single=True)
         else:
             suffix = " (server dry run)" if args.dry_run == "server" else ""
             out.write(f"lmevaljob/{meta['name']} created in namespace {meta['namespace']}{suffix}")
@@ -88,7 +85,7 @@ def cmd_submit(args: argparse.Namespace, cluster: Cluster | None, out: render.Ou
             str(meta["name"]),
             str(meta["namespace"]),
             want=args.wait_for,
-            timeout=follow.timeout_seconds(args.timeout),
+            timeout=args.timeout,
             interval=args.interval,
         )
     return ExitCode.OK
@@ -110,10 +107,8 @@ def cmd_rerun(args: argparse.Namespace, cluster: Cluster, out: render.Output) ->
     submit.validate(body, from_flags=False)
     created = _call(cluster.create_job, body, namespace, server_dry_run=args.dry_run == "server")
     meta = created["metadata"]
-    if args.output in ("yaml", "json"):
-        out.write(render.dump(created, args.output))
-    elif args.output == "name":
-        out.write(f"lmevaljob/{meta['name']}")
+    if args.output is not None:
+        output.print_objects(out, args.output, [created], single=True)
     else:
         suffix = " (server dry run)" if args.dry_run == "server" else ""
         out.write(
@@ -127,7 +122,7 @@ def cmd_rerun(args: argparse.Namespace, cluster: Cluster, out: render.Output) ->
             str(meta["name"]),
             str(meta["namespace"]),
             want=args.wait_for,
-            timeout=follow.timeout_seconds(args.timeout),
+            timeout=args.timeout,
             interval=args.interval,
         )
     return ExitCode.OK
@@ -136,39 +131,98 @@ def cmd_rerun(args: argparse.Namespace, cluster: Cluster, out: render.Output) ->
 # -- list and get --------------------------------------------------------------
 
 
+def _is_table(fmt: output.Format | None) -> bool:
+    return fmt is None or fmt.name == "wide"
+
+
+def _print_jobs(
+    out: render.Output,
+    args: argparse.Namespace,
+    jobs: list[dict[str, Any]],
+    *,
+    all_namespaces: bool,
+    single: bool = False,
+) -> None:
+    """Jobs as `list` prints them: a table (wide), or in an object format."""
+    fmt = args.output
+    if not _is_table(fmt):
+        output.print_objects(out, fmt, jobs, single=single, no_headers=args.no_headers)
+        return
+    grid = render.jobs_grid(
+        jobs,
+        all_namespaces=all_namespaces,
+        wide=fmt is not None and fmt.name == "wide",
+        now=timefmt.now(),
+    )
+    out.show(render.grid_table(grid, right=render.JOBS_RIGHT, show_header=not args.no_headers))
+
+
 def cmd_list(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
     namespace = None if args.all_namespaces else cluster.namespace
-    jobs = _call(cluster.list_jobs, namespace, args.selector)
-    jobs.sort(key=lambda j: (j["metadata"].get("namespace", ""), j["metadata"]["name"]))
-    if args.output in ("json", "yaml"):
-        out.write(render.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, args.output))
-        return ExitCode.OK
-    if not jobs:
+
+    def fetch() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = _call(cluster.list_jobs, namespace, args.selector)
+        return sorted(
+            found, key=lambda j: (j["metadata"].get("namespace", ""), j["metadata"]["name"])
+        )
+
+    if args.watch or args.watch_only:
+        return watch.watch_jobs(out, args, fetch, all_namespaces=namespace is None)
+    jobs = fetch()
+    # Like kubectl: an empty List in json/yaml/jsonpath, a remark on stderr otherwise.
+    if not jobs and (args.output is None or args.output.name not in ("json", "yaml", "jsonpath")):
         where = "any namespace" if namespace is None else f"namespace {namespace}"
         out.note(f"No LMEvalJobs found in {where}.")
         return ExitCode.OK
-    grid = render.jobs_grid(
-        jobs, all_namespaces=namespace is None, wide=args.output == "wide", now=timefmt.now()
-    )
-    out.show(render.grid_table(grid, right=("PROGRESS", "AGE")))
+    _print_jobs(out, args, jobs, all_namespaces=namespace is None)
     return ExitCode.OK
 
 
 def cmd_get(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
-    namespace, name = split_ref(args.name, cluster.namespace)
-    job = fetch_job(cluster, name, namespace)
-    if args.output in ("json", "yaml"):
-        out.write(render.dump(job, args.output))
-        return ExitCode.OK
+    if args.watch or args.watch_only:
+        if args.names:  # as kubectl, a name that matches no job is an error first
+            chosen = selection.select_jobs(cluster, args)
+            if not chosen.jobs:
+                return selection.report_missing(out, chosen)
+            selection.report_missing(out, chosen)
+        return watch.watch_jobs(
+            out,
+            args,
+            lambda: watch.selected_now(cluster, args),
+            all_namespaces=args.all_namespaces,
+        )
+    chosen = selection.select_jobs(cluster, args)
+    selection.none_found(out, chosen)
+    if args.output is not None:
+        # As kubectl: a selector that matched nothing is an empty List in json/yaml/jsonpath.
+        empty_list = not args.names and args.output.name in ("json", "yaml", "jsonpath")
+        if chosen.jobs or empty_list:
+            _print_jobs(
+                out,
+                args,
+                chosen.jobs,
+                all_namespaces=args.all_namespaces,
+                single=chosen.single,
+            )
+        return selection.report_missing(out, chosen)
+    for number, job in enumerate(chosen.jobs):
+        if number:
+            out.write("")  # a blank line between two jobs' descriptions
+        _describe(cluster, out, job)
+    return selection.report_missing(out, chosen)
+
+
+def _describe(cluster: Cluster, out: render.Output, job: dict[str, Any]) -> None:
+    meta = job["metadata"]
+    name, namespace = str(meta["name"]), str(meta["namespace"])
     events: list[dict[str, Any]] | None
     note = ""
     try:
-        events = cluster.list_events(name, namespace, str(job["metadata"].get("uid") or ""))
+        events = cluster.list_events(name, namespace, str(meta.get("uid") or ""))
     except ApiError as error:
         events, note = None, f"(not shown: {explain(error).message})"
     for part in render.details(job, events, note, timefmt.now()):
         out.show(part)
-    return ExitCode.OK
 
 
 # -- results and compare -------------------------------------------------------
@@ -222,24 +276,38 @@ def results_of(cluster: Cluster, job: dict[str, Any], *, complete: bool = False)
     return results
 
 
-def _print_grid(out: render.Output, grid: render.Grid, fmt: str, right: tuple[str, ...]) -> None:
+def _print_grid(
+    out: render.Output,
+    grid: render.Grid,
+    fmt: str,
+    right: tuple[str, ...],
+    *,
+    no_headers: bool = False,
+) -> None:
+    """A table in `fmt` (table, csv, markdown); --no-headers drops the header row."""
     if fmt == "csv":
-        out.write(render.grid_csv(grid))
-    elif fmt == "markdown":
+        out.write(render.grid_csv(grid, show_header=not no_headers))
+    elif fmt == "markdown":  # a Markdown table has no rows without its header
         out.write(render.grid_markdown(grid))
     else:
-        out.show(render.grid_table(grid, right=right))
+        out.show(render.grid_table(grid, right=right, show_header=not no_headers))
+
+
+def _table_format(args: argparse.Namespace) -> str:
+    fmt: output.Format | None = args.output
+    return fmt.name if fmt is not None else "table"
 
 
 def cmd_results(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
     namespace, name = split_ref(args.name, cluster.namespace)
     job = fetch_job(cluster, name, namespace)
-    results = results_of(cluster, job, complete=args.output == "json")
-    if args.output == "json":
+    fmt = _table_format(args)
+    results = results_of(cluster, job, complete=fmt == "json")
+    if fmt == "json":
         out.write(json.dumps(results, indent=2))
         return ExitCode.OK
     rows = facts.score_rows(results, facts.spec(job).get("tasks"))
-    _print_grid(out, render.scores_grid(rows), args.output, ("VALUE", "STDERR"))
+    _print_grid(out, render.scores_grid(rows), fmt, ("VALUE", "STDERR"), no_headers=args.no_headers)
     return ExitCode.OK
 
 
@@ -281,6 +349,7 @@ def _side(cluster: Cluster, job: dict[str, Any], label: str) -> tuple[paired.Sid
 
 
 def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    fmt = _table_format(args)
     refs = [split_ref(ref, cluster.namespace) for ref in args.names]
     labels = [name if space == cluster.namespace else f"{space}/{name}" for space, name in refs]
     fetched = [fetch_job(cluster, name, space) for space, name in refs]
@@ -312,7 +381,7 @@ def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
             )
     if report is None and not order:
         raise CliError("none of these jobs has results to compare", ExitCode.NOT_FOUND)
-    if args.output == "json":
+    if fmt == "json":
         document: dict[str, Any] = {"jobs": labels, "scores": table}
         if report is not None:
             document["paired"] = [row.as_dict() for row in report.rows]
@@ -328,18 +397,18 @@ def cmd_compare(args: argparse.Namespace, cluster: Cluster, out: render.Output) 
         for key in order:
             values = [facts.format_value(col[key].value) if key in col else "-" for col in columns]
             grid_rows.append([*key, *values])
-        _print_grid(out, (headers, grid_rows), args.output, tuple(labels))
+        _print_grid(out, (headers, grid_rows), fmt, tuple(labels), no_headers=args.no_headers)
         out.note(f"no paired test: {why_not}")
         return ExitCode.OK
     if not report.rows:
         raise CliError(
             "no per-item scores match --task/--metric (in either job)", ExitCode.NOT_FOUND
         )
-    grid, notes = render.paired_grid(report, footnotes=args.output == "table")
-    if args.output == "table":
+    grid, notes = render.paired_grid(report, footnotes=fmt == "table")
+    if fmt == "table" and not args.no_headers:
         out.write(render.paired_heading(labels[0], labels[1], args.confidence))
-    _print_grid(out, grid, args.output, render.PAIRED_RIGHT)
-    if args.output == "table":
+    _print_grid(out, grid, fmt, render.PAIRED_RIGHT, no_headers=args.no_headers)
+    if fmt == "table":
         for line in render.paired_notes(report, notes):
             out.write(line)
     else:
@@ -359,15 +428,120 @@ _PATCHES = {
 
 def cmd_patch(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
     patch, words = _PATCHES[args.command]
-    for ref in args.names:
-        namespace, name = split_ref(ref, cluster.namespace)
-        job = fetch_job(cluster, name, namespace)
+    chosen = selection.select_jobs(cluster, args)
+    selection.none_found(out, chosen)
+    patched = []
+    for job in chosen.jobs:
+        meta = job["metadata"]
+        name, namespace = str(meta["name"]), str(meta["namespace"])
         if facts.state(job) == api.JobState.COMPLETE.value:
             out.note(
                 f"lmevaljob/{name} already finished ({facts.reason(job) or 'Complete'}): "
                 f"nothing to {args.command}"
             )
             continue
-        _call(cluster.patch_job, name, namespace, patch)
-        out.write(f"lmevaljob/{name} {words}")
-    return ExitCode.OK
+        patched.append(_call(cluster.patch_job, name, namespace, patch))
+        if args.output is None:
+            out.write(f"lmevaljob/{name} {words}")
+    if args.output is not None and patched:
+        output.print_objects(out, args.output, patched, single=chosen.single)
+    return selection.report_missing(out, chosen)
+
+
+# -- delete --------------------------------------------------------------------
+
+
+def cmd_delete(args: argparse.Namespace, cluster: Cluster, out: render.Output) -> int:
+    """kubectl delete's ways: names (NotFound is exit 4 unless --ignore-not-found) or -l/--all.
+
+    Each job is deleted by its own request, and ``lmevaljob.<group>/NAME
+    deleted`` printed; with --wait (the default) the command returns once
+    every deleted job is gone (a finalizer can hold one).
+    """
+    selection.check_selection(args)
+    if args.names:
+        targets = selection.refs(args, cluster)
+    else:
+        chosen = selection.select_jobs(cluster, args)
+        if selection.none_found(out, chosen):
+            return ExitCode.OK
+        targets = [
+            (str(j["metadata"]["namespace"]), str(j["metadata"]["name"])) for j in chosen.jobs
+        ]
+    code = int(ExitCode.OK)
+    gone: list[tuple[str, str, str]] = []
+    for namespace, name in targets:
+        try:
+            deleted = cluster.delete_job(name, namespace)
+        except ApiError as error:
+            if error.status != 404 or not error.details.get("name"):
+                raise explain(error) from error
+            if args.ignore_not_found:
+                continue
+            code = _not_found(cluster, out, name, namespace) or code
+            continue
+        uid = str((deleted.get("metadata") or {}).get("uid") or "")
+        gone.append((namespace, name, uid if deleted.get("kind") == api.KIND else ""))
+        shown = f"{output.RESOURCE}/{name}"
+        out.write(shown if args.output is not None else f"{shown} deleted")
+    if args.wait and gone and not _wait_gone(cluster, out, gone, args.timeout, args.interval):
+        return ExitCode.TIMEOUT
+    return code
+
+
+def _not_found(cluster: Cluster, out: render.Output, name: str, namespace: str) -> int:
+    """Report a name that matched no job, with the names it probably meant."""
+    try:
+        fetch_job(cluster, name, namespace)
+    except CliError as error:
+        if error.code != ExitCode.NOT_FOUND:
+            raise
+        out.note(f"error: {error.message}")
+        return int(ExitCode.NOT_FOUND)
+    return int(ExitCode.OK)  # created again meanwhile: not the job that was asked for
+
+
+def _wait_gone(
+    cluster: Cluster,
+    out: render.Output,
+    jobs: list[tuple[str, str, str]],
+    timeout: float | None,
+    interval: float,
+) -> bool:
+    """Poll until each (namespace, name, uid) is gone (or replaced by a new job of its name)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(jobs)
+    while True:
+        for namespace, name, uid in list(pending):
+            try:
+                found = cluster.get_job(name, namespace)
+            except ApiError as error:
+                if error.status != 404:
+                    raise explain(error) from error
+                found = None
+            if found is None or (uid and found["metadata"].get("uid") != uid):
+                pending.remove((namespace, name, uid))
+        if not pending:
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            for _, name, _ in pending:
+                out.note(
+                    f"timed out waiting for lmevaljob/{name} to be deleted (its finalizers: "
+                    f"{', '.join(_finalizers(cluster, pending)) or 'none'})"
+                )
+            return False
+        pause = interval
+        if deadline is not None:
+            pause = max(0.0, min(interval, deadline - time.monotonic()))
+        time.sleep(pause)
+
+
+def _finalizers(cluster: Cluster, pending: list[tuple[str, str, str]]) -> list[str]:
+    found: list[str] = []
+    for namespace, name, _ in pending:
+        try:
+            job = cluster.get_job(name, namespace)
+        except ApiError:
+            continue
+        found += [str(f) for f in job["metadata"].get("finalizers") or [] if str(f) not in found]
+    return found

@@ -1,4 +1,4 @@
-"""``lmeval logs`` and ``lmeval wait``: following a job by polling, never watching.
+"""``lmeval logs`` and ``lmeval wait``: following jobs by polling, never watching.
 
 Why this module exists: following needs care that a one-shot read does not.
 Log streams with ``follow=true`` are not used: some servers (kwok, proxies
@@ -13,9 +13,9 @@ its log that the poller archived in the results ConfigMap is shown instead,
 saying so on stderr. The pod and the ConfigMap are read only when the job is
 their controller (``client.owned_object``): a pod someone else made under
 the job's pod name is refused before a line of its log is printed (exit 8),
-and so is a ConfigMap under the results' name. ``wait`` polls the job's
-status and draws a rich progress bar on a terminal, or prints one line per
-change in a pipe.
+and so is a ConfigMap under the results' name. ``wait`` polls the jobs'
+status until each meets what ``--for`` asks (``waitfor``), and draws a rich
+progress bar per job on a terminal, or prints one line per change in a pipe.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from poller.cli.client import (
     results_configmap_of,
 )
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
+from poller.cli.waitfor import WaitFor
 from poller.results import LOG_ARCHIVE_KEY
-from poller.settings import parse_duration
 
-__all__ = ["LogCursor", "follow_job", "show_logs", "timeout_seconds", "visible", "wait_job"]
+__all__ = ["LogCursor", "follow_job", "show_logs", "visible", "wait_job", "wait_jobs"]
 
 _STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
 # Markers are a minority of lines; read this many more so --tail N shows N visible lines.
@@ -58,16 +58,6 @@ _TAIL_SLACK = 4
 def visible(line: str, raw: bool) -> bool:
     """Whether a log line is shown: markers only with --raw."""
     return raw or not line.startswith(MARKER_PREFIX)
-
-
-def timeout_seconds(text: str | None) -> float | None:
-    """'10m' -> 600; None -> no limit."""
-    if text is None:
-        return None
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise CliError(f"--timeout: {error}", ExitCode.USAGE) from error
 
 
 def _stamp_key(stamp: str) -> tuple[str, int] | None:
@@ -257,14 +247,14 @@ def show_logs(
 
 
 class _Display:
-    """A live progress bar on a terminal; one line per change in a pipe."""
+    """Live progress bars on a terminal (one per job); one line per change in a pipe."""
 
-    def __init__(self, out: render.Output, name: str) -> None:
+    def __init__(self, out: render.Output, names: list[str]) -> None:
         self.out = out
-        self.name = name
-        self.last_line = ""
+        self.names = names
+        self.last_line: dict[str, str] = {}
         self.progress: Progress | None = None
-        self.task: Any = None
+        self.tasks: dict[str, Any] = {}
         if out.stdout.isatty():
             self.progress = Progress(
                 SpinnerColumn(),
@@ -278,37 +268,48 @@ class _Display:
     def __enter__(self) -> _Display:
         if self.progress is not None:
             self.progress.start()
-            self.task = self.progress.add_task(self.name, total=None)
+            for name in self.names:
+                self.tasks[name] = self.progress.add_task(name, total=None)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
             self.progress.stop()
 
-    def update(self, job: dict[str, Any]) -> None:
+    def _line(self, name: str, line: str) -> None:
+        if line != self.last_line.get(name):
+            self.out.write(line)
+            self.last_line[name] = line
+
+    def update(self, name: str, job: dict[str, Any]) -> None:
         state = facts.state(job)
         percent = facts.percent(job)
         progress = facts.status(job).get("progress") or {}
         phase = ""
         if state == api.JobState.RUNNING.value and isinstance(progress, dict):
             phase = str(progress.get("phase") or "")
-        words = " ".join(w for w in (self.name, state, phase) if w)
+        words = " ".join(w for w in (name, state, phase) if w)
         if self.progress is not None:
             self.progress.update(
-                self.task,
+                self.tasks[name],
                 description=words,
                 total=100 if percent is not None else None,
                 completed=percent or 0,
             )
             return
-        line = f"{self.name}: {state}"
+        line = f"{name}: {state}"
         if percent is not None:
             line += f" {percent:.0f}%"
         if phase:
             line += f" {phase}"
-        if line != self.last_line:
-            self.out.write(line)
-            self.last_line = line
+        self._line(name, line)
+
+    def gone(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.tasks[name], description=f"{name} deleted", total=1)
+            self.progress.update(self.tasks[name], completed=1)
+            return
+        self._line(name, f"{name}: deleted")
 
 
 def _describe(seconds: float) -> str:
@@ -326,9 +327,9 @@ def follow_job(
 ) -> tuple[dict[str, Any], bool]:
     """Poll the job until it is Complete or `timeout` passes; `seen` gets every read.
 
-    The last job read, and whether it is Complete. The one follower: ``wait``
-    draws its bar from `seen`, the sandbox its state lines; a job that
-    vanishes, or an API error, is a CliError that says why.
+    The last job read, and whether it is Complete. The sandbox's follower
+    (its state lines); a job that vanishes, or an API error, is a CliError
+    that says why.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -344,38 +345,120 @@ def follow_job(
         time.sleep(pause)
 
 
+def _ended_text(name: str, job: dict[str, Any]) -> str:
+    """'lmevaljob/x succeeded: acc=...', '... failed: message', '... was cancelled'."""
+    reason = facts.reason(job)
+    if reason == api.JobReason.SUCCEEDED.value:
+        score = facts.headline(job)
+        return f"lmevaljob/{name} succeeded" + (f": {score}" if score != "-" else "")
+    message = str(facts.status(job).get("message") or "")
+    outcome = "was cancelled" if reason == api.JobReason.CANCELLED.value else "failed"
+    return f"lmevaljob/{name} {outcome}" + (f": {message}" if message else "")
+
+
+def _read(cluster: Cluster, name: str, namespace: str, want: WaitFor) -> dict[str, Any] | None:
+    """The job; None when it is gone and deletion is awaited."""
+    if not want.delete:
+        return fetch_job(cluster, name, namespace)
+    try:
+        return cluster.get_job(name, namespace)
+    except ApiError as error:
+        if error.status == 404:
+            return None
+        raise explain(error) from error
+
+
+def wait_jobs(
+    cluster: Cluster,
+    out: render.Output,
+    targets: list[tuple[str, str]],
+    *,
+    want: WaitFor,
+    timeout: float | None,
+    interval: float,
+) -> int:
+    """Poll (namespace, name) `targets` until each meets `want`, ends, or `timeout` passes.
+
+    Exit code: 0 when every job met it; 1 when one ended without meeting it
+    (a failed job, for the default condition=Succeeded); else 2 when the
+    time ran out. Each job's outcome is printed once the display is closed.
+    """
+    labels = {t: t[1] if t[0] == cluster.namespace else f"{t[0]}/{t[1]}" for t in targets}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(targets)
+    last: dict[tuple[str, str], dict[str, Any] | None] = {}
+    ended: dict[tuple[str, str], int] = {}
+    with _Display(out, [labels[t] for t in targets]) as display:
+        while True:
+            for target in list(pending):
+                job = _read(cluster, target[1], target[0], want)
+                last[target] = job
+                if job is None:
+                    display.gone(labels[target])
+                    ended[target] = ExitCode.OK
+                else:
+                    display.update(labels[target], job)
+                    if not want.delete and want.met(job):
+                        ended[target] = ExitCode.OK
+                    elif not want.delete and want.never(job):
+                        ended[target] = ExitCode.JOB_FAILED
+                if target in ended:
+                    pending.remove(target)
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            pause = interval
+            if deadline is not None:
+                pause = max(0.0, min(interval, deadline - time.monotonic()))
+            time.sleep(pause)
+    for target in targets:
+        _report(out, labels[target], last.get(target), ended.get(target), want, timeout)
+    codes = set(ended.values())
+    if ExitCode.JOB_FAILED in codes:
+        return ExitCode.JOB_FAILED
+    return ExitCode.TIMEOUT if pending else ExitCode.OK
+
+
+def _report(
+    out: render.Output,
+    label: str,
+    job: dict[str, Any] | None,
+    code: int | None,
+    want: WaitFor,
+    timeout: float | None,
+) -> None:
+    if job is None:
+        out.write(f"lmevaljob/{label} deleted")
+        return
+    if code is None:
+        out.note(
+            f"timed out after {_describe(timeout or 0)} waiting for lmevaljob/{label} "
+            f"{want.describe()} (state {facts.state(job)}, progress {facts.progress_text(job)})"
+        )
+        return
+    finished = facts.state(job) == api.JobState.COMPLETE.value
+    if code == ExitCode.OK:
+        if finished and want.condition in ("Finished", "Succeeded") and want.status:
+            out.write(_ended_text(label, job))
+        else:
+            out.write(f"lmevaljob/{label} condition met: {want.condition}={want.status}")
+        return
+    text = _ended_text(label, job)
+    if want.condition != "Succeeded" or not want.status:
+        text += f" (condition {want.condition}={want.status} can no longer be met)"
+    out.note(text)
+
+
 def wait_job(
     cluster: Cluster,
     out: render.Output,
     name: str,
     namespace: str,
     *,
-    want: str,
+    want: WaitFor,
     timeout: float | None,
     interval: float,
 ) -> int:
-    """Poll until the job is Complete (or `timeout`); the exit code says how it ended."""
-    with _Display(out, name) as display:
-        job, finished = follow_job(
-            cluster, name, namespace, timeout=timeout, interval=interval, seen=display.update
-        )
-    if not finished:
-        percent = facts.progress_text(job)
-        out.note(
-            f"timed out after {_describe(timeout or 0)} waiting for lmevaljob/{name} to "
-            f"be {want} (state {facts.state(job)}, progress {percent})"
-        )
-        return ExitCode.TIMEOUT
-    reason = facts.reason(job)
-    message = str(facts.status(job).get("message") or "")
-    if reason == api.JobReason.SUCCEEDED.value:
-        score = facts.headline(job)
-        out.write(f"lmevaljob/{name} succeeded" + (f": {score}" if score != "-" else ""))
-        return ExitCode.OK
-    outcome = "was cancelled" if reason == api.JobReason.CANCELLED.value else "failed"
-    text = f"lmevaljob/{name} {outcome}" + (f": {message}" if message else "")
-    if want == "finished":
-        out.write(text)
-        return ExitCode.OK
-    out.note(text)
-    return ExitCode.JOB_FAILED
+    """`wait_jobs` for one job (``submit --wait``, ``rerun --wait``)."""
+    return wait_jobs(
+        cluster, out, [(namespace, name)], want=want, timeout=timeout, interval=interval
+    )

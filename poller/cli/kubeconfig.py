@@ -23,7 +23,14 @@ from kubernetes.config.config_exception import ConfigException
 
 from poller.cli.errors import CliError, ExitCode
 
-__all__ = ["IN_CLUSTER_NAMESPACE_FILE", "Target", "connect", "describe_source", "resolve"]
+__all__ = [
+    "IN_CLUSTER_NAMESPACE_FILE",
+    "Target",
+    "connect",
+    "describe_source",
+    "no_kubeconfig",
+    "resolve",
+]
 
 IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -55,6 +62,29 @@ def describe_source(explicit: str | None) -> str:
     if os.environ.get("KUBECONFIG"):
         return f"KUBECONFIG={os.environ['KUBECONFIG']}"
     return DEFAULT_KUBECONFIG
+
+
+def no_kubeconfig(explicit: str | None) -> CliError:
+    """No kubeconfig file to read: what was tried, and the advice that fits.
+
+    Setting KUBECONFIG is advised only when it is not set: when it is, its
+    files are what was tried, and it is its value that needs fixing.
+    """
+    paths = _kubeconfig_paths(explicit)
+    tried = ", ".join(paths)
+    cluster = " and not running in a cluster" if not _in_cluster() else ""
+    if explicit:
+        return CliError(f"kubeconfig file {explicit} does not exist", ExitCode.CLUSTER)
+    if os.environ.get("KUBECONFIG"):
+        return CliError(
+            f"no kubeconfig found: none of the files KUBECONFIG names exists (tried {tried})"
+            f"{cluster}: point KUBECONFIG at your kubeconfig file(s), or pass --kubeconfig",
+            ExitCode.CLUSTER,
+        )
+    return CliError(
+        f"no kubeconfig found (tried {tried}){cluster}: set KUBECONFIG or pass --kubeconfig",
+        ExitCode.CLUSTER,
+    )
 
 
 def _any_file_exists(paths: list[str]) -> bool:
@@ -89,11 +119,7 @@ def resolve(
             ExitCode.CLUSTER,
         ) from error
     except FileNotFoundError as error:
-        raise CliError(
-            f"no kubeconfig found ({describe_source(kubeconfig)}): set KUBECONFIG or pass "
-            "--kubeconfig",
-            ExitCode.CLUSTER,
-        ) from error
+        raise no_kubeconfig(kubeconfig) from error
     chosen: dict[str, Any] | None = active
     if context:
         chosen = next((c for c in contexts or [] if c.get("name") == context), None)
@@ -134,11 +160,7 @@ def connect(kubeconfig: str | None, context: str | None, namespace: str | None) 
     if not kubeconfig and not _any_file_exists(paths) and _in_cluster():
         return _in_cluster_target(namespace)
     if not kubeconfig and not _any_file_exists(paths):
-        raise CliError(
-            f"no kubeconfig found ({describe_source(kubeconfig)}): set KUBECONFIG or pass "
-            "--kubeconfig",
-            ExitCode.CLUSTER,
-        )
+        raise no_kubeconfig(kubeconfig)
     context_name, chosen_ns, config_file = resolve(kubeconfig, context, namespace)
     configuration = client.Configuration()
     try:

@@ -15,7 +15,7 @@ import sys
 __all__ = ["CLI_PACKAGES", "main", "missing_packages"]
 
 # Top-level import names of the `cli` extra's distributions.
-CLI_PACKAGES = ("kubernetes", "rich")
+CLI_PACKAGES = ("kubernetes", "rich", "argcomplete", "jsonpath_ng")
 EXIT_MISSING_PACKAGES = 7
 
 

@@ -32,6 +32,7 @@ from poller import pairedstats
 from poller.cli import facts, paired
 
 __all__ = [
+    "JOBS_RIGHT",
     "PAIRED_RIGHT",
     "Grid",
     "Output",
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 PIPE_WIDTH = 120
+# The right-aligned columns of the jobs table (list, get -o wide, -w).
+JOBS_RIGHT = ("PROGRESS", "AGE")
 MESSAGE_WIDTH = 60
 
 Grid = tuple[list[str], list[list[str]]]
@@ -129,11 +132,19 @@ def dump(obj: Any, fmt: str) -> str:
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
 
 
-def grid_table(grid: Grid, *, right: Sequence[str] = ()) -> Table:
-    """A borderless, kubectl-style table of `grid`; `right` names right-aligned columns."""
+def grid_table(grid: Grid, *, right: Sequence[str] = (), show_header: bool = True) -> Table:
+    """A borderless, kubectl-style table of `grid`; `right` names right-aligned columns.
+
+    Without `show_header` (``--no-headers``) the rows alone are printed.
+    """
     headers, rows = grid
     table = Table(
-        box=None, show_edge=False, pad_edge=False, header_style="bold", padding=(0, 3, 0, 0)
+        box=None,
+        show_edge=False,
+        pad_edge=False,
+        header_style="bold",
+        padding=(0, 3, 0, 0),
+        show_header=show_header,
     )
     for header in headers:
         table.add_column(header, justify="right" if header in right else "left", overflow="fold")
@@ -142,11 +153,12 @@ def grid_table(grid: Grid, *, right: Sequence[str] = ()) -> Table:
     return table
 
 
-def grid_csv(grid: Grid) -> str:
+def grid_csv(grid: Grid, *, show_header: bool = True) -> str:
     headers, rows = grid
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([h.lower() for h in headers])
+    if show_header:
+        writer.writerow([h.lower() for h in headers])
     writer.writerows(rows)
     return buffer.getvalue()
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from poller import api
-from poller.cli import specflags
+from poller.cli import output, specflags, waitfor
 from poller.cli.errors import CliError, ExitCode
 
 __all__ = ["FLAG_FOR_FIELD", "add_arguments", "build_from_flags", "load_files", "validate"]
@@ -200,18 +200,13 @@ def _after_arguments(after: argparse._ArgumentGroup) -> None:
         choices=["client", "server"],
         help="print the LMEvalJob instead of creating it (server: validated by the apiserver)",
     )
-    after.add_argument(
-        "-o", "--output", choices=["yaml", "json", "name"], help="print the job in this format"
+    output.add_output(
+        after,
+        output.OBJECT_FORMATS,
+        "print the job in this format (with --dry-run: yaml unless -o json)",
     )
     after.add_argument("--wait", action="store_true", help="follow the job to its end (as wait)")
-    after.add_argument(
-        "--for",
-        dest="wait_for",
-        choices=["succeeded", "finished"],
-        default="succeeded",
-        help="with --wait: what to wait for (default: succeeded)",
-    )
-    after.add_argument("--timeout", help="with --wait: give up after this long (default: never)")
+    waitfor.add_wait_flags(after, timeout_default=None, prefix="with --wait: ")
 
 
 def _pod(args: argparse.Namespace) -> dict[str, Any]:

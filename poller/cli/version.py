@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from poller import buildinfo
-from poller.cli import render
+from poller.cli import output, render
 from poller.cli.client import Cluster
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 
@@ -54,7 +54,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
         metavar="NAMESPACE",
         help=f"where the poller's Deployment {POLLER_DEPLOYMENT} is (default: %(default)s)",
     )
-    cmd.add_argument("-o", "--output", choices=["json", "yaml"], help="output format")
+    output.add_output(cmd, ("json", "yaml"), "the versions as one document, as kubectl's")
 
 
 def client_version() -> dict[str, str]:
@@ -120,13 +120,14 @@ def cmd_version(
     args: argparse.Namespace, connect: Callable[[], Cluster], out: render.Output
 ) -> int:
     """Print the versions; `connect` is called only when the cluster is asked (not --client)."""
-    structured = args.output in ("json", "yaml")
+    fmt = args.output.name if args.output is not None else ""
+    structured = bool(fmt)
     document: dict[str, Any] = {"clientVersion": client_version()}
     if not structured:
         out.write(_client_line(document["clientVersion"]))
     if args.client:
         if structured:
-            out.write(render.dump(document, args.output))
+            out.write(render.dump(document, fmt))
         return ExitCode.OK
     try:
         cluster = connect()
@@ -139,10 +140,10 @@ def cmd_version(
         document["pollerVersion"] = poller_version(cluster, args.poller_namespace)
     except CliError:
         if structured:  # what is known, then the error (main prints it, with its exit code)
-            out.write(render.dump(document, args.output))
+            out.write(render.dump(document, fmt))
         raise
     if structured:
-        out.write(render.dump(document, args.output))
+        out.write(render.dump(document, fmt))
     else:
         out.write(_poller_line(document["pollerVersion"]))
     return ExitCode.OK

@@ -7,7 +7,7 @@ gives (n, both means, the difference and its interval, p, the flips each
 way, the test, the verdict) for a 0/1 metric with a known number of flips
 and for a fixed-precision metric; it refuses a task whose documents differ
 and one whose lm_eval task hash differs, each with its reason; it warns
-about provenance that differs (lm_eval version, image ID); ``--json``
+about provenance that differs (lm_eval version, image ID); ``-o json``
 parses and carries the same numbers; ``--task``/``--metric`` select rows;
 without per-item scores, or before a job has finished, it prints the
 side-by-side scores and says why there is no paired test. ``get`` shows the
@@ -208,7 +208,7 @@ def test_compare_pairs_refuses_and_warns(cli: Cli, jobs: Jobs) -> None:
     assert "  imageID differs: sha256:aaa (A) vs sha256:bbb (B)" in lines
     assert not any("seeds differs" in line for line in lines)
 
-    as_json = cli("compare", "base", "cand", "--json")
+    as_json = cli("compare", "base", "cand", "-o", "json")
     assert as_json.returncode == 0, as_json.stderr
     document = json.loads(as_json.stdout)
     assert document["jobs"] == ["base", "cand"]

@@ -253,7 +253,7 @@ def test_a_squatting_results_configmap_is_never_shown(
         ["results", "cand", "-o", "json"],
         ["results", "cand", "-o", "csv"],
         ["compare", "base", "cand"],
-        ["compare", "cand", "base", "--json"],
+        ["compare", "cand", "base", "-o", "json"],
         ["compare", "base", "cand", "--task", "toy_mc", "-o", "markdown"],
         ["logs", "cand"],
     ):

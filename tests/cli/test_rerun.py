@@ -26,6 +26,8 @@ from tests.cli.conftest import Cli, finish, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until
 
 pytestmark = pytest.mark.cluster
+# What -o name prints, as kubectl: the resource with its group.
+RESOURCE = f"lmevaljob.{api.API_GROUP}"
 
 
 def _all(jobs: Jobs) -> dict[str, dict[str, Any]]:
@@ -78,7 +80,7 @@ def test_rerun_copies_a_finished_job(
     assert jobs.status("orig")["results"] == final["results"]
 
     named = cli("rerun", "orig", "--name=again", "-o", "name")
-    assert (named.returncode, named.stdout.strip()) == (0, "lmevaljob/again"), named.stderr
+    assert (named.returncode, named.stdout.strip()) == (0, f"{RESOURCE}/again"), named.stderr
     # again is not finished yet: refused, with what to do.
     early = cli("rerun", "again")
     assert early.returncode == 3
@@ -90,7 +92,7 @@ def test_rerun_copies_a_finished_job(
     )  # fmt: skip
     second = cli("rerun", "again", "-o", "name")
     assert second.returncode == 0, second.stderr
-    name = second.stdout.strip().removeprefix("lmevaljob/")
+    name = second.stdout.strip().removeprefix(f"{RESOURCE}/")
     assert name.startswith("orig-")
     assert jobs.get(name)["metadata"]["annotations"][RERUN_OF] == "again"
 

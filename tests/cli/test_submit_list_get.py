@@ -123,7 +123,7 @@ def test_dry_run_yaml_round_trips_through_file(cli: Cli, jobs: Jobs, tmp_path: P
     created = cli("submit", "-f", str(path), "-o", "name")
     assert created.returncode == 0, created.stderr
     kind, _, name = created.stdout.strip().partition("/")
-    assert kind == "lmevaljob" and name.startswith("dummy-")
+    assert kind == f"lmevaljob.{api.API_GROUP}" and name.startswith("dummy-")
     assert jobs.get(name)["spec"] == document["spec"]
 
     # The same file under another name, read from stdin.
