@@ -34,7 +34,7 @@ from poller import api
 from poller.jobseries import GateSeries, JobSeries, series_of
 from poller.views import JobView
 
-__all__ = ["STATES", "JobCollector", "JobFamilyPart"]
+__all__ = ["STATES", "JobCollector", "JobFamilyPart", "family_labels"]
 
 STATES = tuple(state.value for state in api.JobState)
 
@@ -91,7 +91,7 @@ class JobCollector(Collector):
     def _families(series: Sequence[JobSeries], chunk: int) -> Iterator[Metric]:
         """The families; one with many jobs comes as consecutive parts of one name."""
         counts = GaugeMetricFamily(
-            "lmeval_jobs", "LMEvalJobs by namespace and state.", labels=["namespace", "state"]
+            "lmeval_jobs", "LMEvalJobs by namespace and state.", labels=list(_COUNT_LABELS)
         )
         per_namespace: dict[str, dict[str, int]] = {}
         for job in series:
@@ -208,6 +208,7 @@ def _escape(value: str) -> str:
 
 
 # Every family's labels, sorted by name (see `_Family.labels`).
+_COUNT_LABELS = ("namespace", "state")
 _IDS = ("lmevaljob", "namespace")
 _INFO_LABELS = ("lmevaljob", "model", "namespace", "reason", "state")
 _SCORE_LABELS = ("filter", "lmevaljob", "metric", "namespace", "task")
@@ -320,3 +321,13 @@ FAMILIES: tuple[_Family, ...] = (
         _gate_rows(attrgetter("p_value")),
     ),
 )
+
+
+def family_labels() -> dict[str, tuple[str, ...]]:
+    """Each per-job family's label names, by family name.
+
+    prometheus_client's families carry no label names until they hold
+    samples: this says them without a cluster, for the generated metrics
+    reference (`poller.sandbox.docs`).
+    """
+    return {"lmeval_jobs": _COUNT_LABELS, **{family.name: family.labels for family in FAMILIES}}

@@ -190,64 +190,267 @@ class Settings(BaseModel):
     )
 
     poll_interval: Annotated[
-        Seconds, Field(alias="poll-interval", ge=0.5, le=MAX_POLL_INTERVAL)
+        Seconds,
+        Field(
+            alias="poll-interval",
+            description=(
+                "Time between poll cycles (a Go-style duration such as 10s or 1m30s, or "
+                "seconds): the longest a change in the cluster waits for the poller. A "
+                "change reschedules the running poller within one old interval. The older "
+                "name pod-checking-interval is accepted."
+            ),
+            ge=0.5,
+            le=MAX_POLL_INTERVAL,
+        ),
     ] = 10.0
     pod_image: Annotated[
-        str, Field(alias="pod-image", pattern=_IMAGE, min_length=1, max_length=MAX_IMAGE_CHARS)
+        str,
+        Field(
+            alias="pod-image",
+            description=(
+                "Image of the evaluation container: Python, lm-eval and the lmeval-driver "
+                "command. No whitespace."
+            ),
+            pattern=_IMAGE,
+            min_length=1,
+            max_length=MAX_IMAGE_CHARS,
+        ),
     ] = "quay.io/lmeval-poller/lmeval-job:latest"
     driver_image: Annotated[
-        str, Field(alias="driver-image", pattern=_IMAGE, max_length=MAX_IMAGE_CHARS)
+        str,
+        Field(
+            alias="driver-image",
+            description=(
+                "Image holding the driver at /opt/lmeval/driver. When set, an init "
+                "container copies the driver into the pod and the evaluation runs python "
+                "-m driver, so pod-image can be any image with Python and lm-eval; empty: "
+                "pod-image's own lmeval-driver."
+            ),
+            pattern=_IMAGE,
+            max_length=MAX_IMAGE_CHARS,
+        ),
     ] = ""
     git_image: Annotated[
-        str, Field(alias="git-image", pattern=_IMAGE, min_length=1, max_length=MAX_IMAGE_CHARS)
+        str,
+        Field(
+            alias="git-image",
+            description=(
+                "Image of the init containers that clone Git task sources "
+                "(spec.customTasks[].git): any image with git on its PATH that runs as "
+                "any UID. Mirror it and pin it by digest in air-gapped clusters."
+            ),
+            pattern=_IMAGE,
+            min_length=1,
+            max_length=MAX_IMAGE_CHARS,
+        ),
     ] = "docker.io/alpine/git:v2.45.1"
-    git_allow_plaintext: Annotated[Flag, Field(alias="git-allow-plaintext")] = False
+    git_allow_plaintext: Annotated[
+        Flag,
+        Field(
+            alias="git-allow-plaintext",
+            description=(
+                "Allow Git task sources over http:// and git:// to hosts other than "
+                "loopback (otherwise only https://)."
+            ),
+        ),
+    ] = False
     image_pull_policy: Annotated[
-        Literal["Always", "IfNotPresent", "Never"], Field(alias="image-pull-policy")
+        Literal["Always", "IfNotPresent", "Never"],
+        Field(
+            alias="image-pull-policy",
+            description=("Pull policy of every container of the job pod."),
+        ),
     ] = "IfNotPresent"
     job_service_account: Annotated[
-        str, Field(alias="job-service-account", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+        str,
+        Field(
+            alias="job-service-account",
+            description=(
+                "ServiceAccount of job pods, in each job's namespace: it must exist there "
+                "and should have no rights (job pods mount no token)."
+            ),
+            pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        ),
     ] = "lmeval-job"
     progress_interval: Annotated[
-        Seconds, Field(alias="progress-interval", ge=1.0, le=MAX_PROGRESS_INTERVAL)
+        Seconds,
+        Field(
+            alias="progress-interval",
+            description=(
+                "How often a running job's progress is read from its pod log (a duration)."
+            ),
+            ge=1.0,
+            le=MAX_PROGRESS_INTERVAL,
+        ),
     ] = 30.0
     progress_reads_per_cycle: Annotated[
-        int, Field(alias="progress-reads-per-cycle", ge=0, le=MAX_PROGRESS_READS_PER_CYCLE)
+        int,
+        Field(
+            alias="progress-reads-per-cycle",
+            description=(
+                "At most this many progress reads of pod logs per cycle; 0 turns progress "
+                "reading off."
+            ),
+            ge=0,
+            le=MAX_PROGRESS_READS_PER_CYCLE,
+        ),
     ] = 50
     # The sweep of finished jobs (`poller.sweep`): every finished-sweep-interval,
     # the next finished-sweep-jobs of them are listed (pages of 500), so a sweep
     # round over N finished jobs takes N / finished-sweep-jobs steps.
     finished_sweep_interval: Annotated[
-        Seconds, Field(alias="finished-sweep-interval", ge=1.0, le=MAX_SWEEP_INTERVAL)
+        Seconds,
+        Field(
+            alias="finished-sweep-interval",
+            description=(
+                "How often the next finished-sweep-jobs finished jobs are listed "
+                "(metadata only) to notice those deleted or edited since; finished jobs "
+                "are not listed every cycle."
+            ),
+            ge=1.0,
+            le=MAX_SWEEP_INTERVAL,
+        ),
     ] = 60.0
     finished_sweep_jobs: Annotated[
-        int, Field(alias="finished-sweep-jobs", ge=500, le=MAX_SWEEP_JOBS)
+        int,
+        Field(
+            alias="finished-sweep-jobs",
+            description=(
+                "Finished jobs listed per sweep step (in pages of 500): a sweep round "
+                "over N finished jobs takes N / finished-sweep-jobs steps."
+            ),
+            ge=500,
+            le=MAX_SWEEP_JOBS,
+        ),
     ] = 10_000
     pod_pending_timeout: Annotated[
-        Seconds, Field(alias="pod-pending-timeout", ge=1.0, le=MAX_POD_PENDING_TIMEOUT)
+        Seconds,
+        Field(
+            alias="pod-pending-timeout",
+            description=(
+                "A job pod still Pending after this long (unschedulable, image pull "
+                "errors, a stuck init container) ends the job Failed, with the "
+                "scheduler's or kubelet's words in status.message."
+            ),
+            ge=1.0,
+            le=MAX_POD_PENDING_TIMEOUT,
+        ),
     ] = 600.0
-    max_running_jobs: Annotated[int, Field(alias="max-running-jobs", ge=0, le=MAX_RUNNING_JOBS)] = 0
-    results_source: Annotated[Literal["log", "exec"], Field(alias="results-source")] = "log"
-    allow_online: Annotated[Flag, Field(alias="allow-online")] = False
-    allow_code_execution: Annotated[Flag, Field(alias="allow-code-execution")] = False
+    max_running_jobs: Annotated[
+        int,
+        Field(
+            alias="max-running-jobs",
+            description=(
+                "Jobs with a pod at once across the cluster, first come first served; the "
+                "others wait in state New with their place in status.message. 0: no "
+                "limit."
+            ),
+            ge=0,
+            le=MAX_RUNNING_JOBS,
+        ),
+    ] = 0
+    results_source: Annotated[
+        Literal["log", "exec"],
+        Field(
+            alias="results-source",
+            description=(
+                "How the poller reads results: log (from the driver's markers in the pod "
+                "log) or exec (cat in the job's container, which the driver holds open "
+                "for it; uses the pods/exec rule)."
+            ),
+        ),
+    ] = "log"
+    allow_online: Annotated[
+        Flag,
+        Field(
+            alias="allow-online",
+            description=(
+                "Let jobs with spec.allowOnline reach model hubs and dataset hosts; when "
+                "false such a job ends Failed before any pod exists."
+            ),
+        ),
+    ] = False
+    allow_code_execution: Annotated[
+        Flag,
+        Field(
+            alias="allow-code-execution",
+            description=(
+                "Let jobs with spec.allowCodeExecution run model-written code and custom "
+                "tasks that name Python; when false such a job ends Failed before any pod "
+                "exists."
+            ),
+        ),
+    ] = False
     allow_insecure_model_endpoints: Annotated[
-        Flag, Field(alias="allow-insecure-model-endpoints")
+        Flag,
+        Field(
+            alias="allow-insecure-model-endpoints",
+            description=(
+                "Let a job turn off TLS verification of its model endpoint (modelArgs "
+                "verify_certificate other than true); when false such a job ends Failed "
+                "before any pod exists."
+            ),
+        ),
     ] = False
     default_ttl_seconds_after_finished: Annotated[
         int | None,
-        Field(alias="default-ttl-seconds-after-finished", ge=0, le=MAX_DEFAULT_TTL_SECONDS),
+        Field(
+            alias="default-ttl-seconds-after-finished",
+            description=(
+                "Seconds after which finished jobs that set no "
+                "spec.ttlSecondsAfterFinished are deleted; unset: kept until deleted."
+            ),
+            ge=0,
+            le=MAX_DEFAULT_TTL_SECONDS,
+        ),
     ] = None
     log_archive_bytes: Annotated[
-        int, Field(alias="log-archive-bytes", ge=0, le=MAX_LOG_ARCHIVE_BYTES)
+        int,
+        Field(
+            alias="log-archive-bytes",
+            description=(
+                "Bytes of the end of the pod log kept (key log-tail.txt of the job's "
+                "results ConfigMap) when the poller deletes a pod that ran (cancel, "
+                "suspend, deadline); 0: none."
+            ),
+            ge=0,
+            le=MAX_LOG_ARCHIVE_BYTES,
+        ),
     ] = 64 * 1024
     size_presets: Annotated[
         dict[Annotated[str, Field(pattern=DNS_LABEL)], ResourceRequirements],
         BeforeValidator(_yaml_mapping),
-        Field(alias="size-presets"),
+        Field(
+            alias="size-presets",
+            description=(
+                "YAML mapping of preset name to resources (requests and limits, GPUs "
+                "included), chosen by a job's spec.size; the job's spec.pod.resources win "
+                "over the preset, key by key. No YAML anchors or aliases, at most 10 "
+                "levels deep."
+            ),
+        ),
     ] = Field(default_factory=dict)
-    default_size: Annotated[str, Field(alias="default-size")] = ""
+    default_size: Annotated[
+        str,
+        Field(
+            alias="default-size",
+            description=(
+                "The preset of jobs that name no spec.size; it must be a key of "
+                "size-presets. Empty: none."
+            ),
+        ),
+    ] = ""
     gpu_resource_names: Annotated[
-        list[str], BeforeValidator(_name_list), Field(alias="gpu-resource-names", min_length=1)
+        list[str],
+        BeforeValidator(_name_list),
+        Field(
+            alias="gpu-resource-names",
+            description=(
+                "Resource names that count as GPUs (comma-separated): a job that requests "
+                "one runs with --device cuda unless it sets spec.device."
+            ),
+            min_length=1,
+        ),
     ] = Field(default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915"])
 
     @model_validator(mode="after")

@@ -86,9 +86,14 @@ SAMPLES = {
 }
 DEFAULT_SAMPLE = "served-model"
 DEMO_NAMESPACE = "lmeval-demo"
-# The port the samples name; another free port is substituted when it is taken.
+# The toy model server's port; another free port is used when it is taken.
 MODEL_SERVER_PORT = 8765
-SAMPLE_MODEL_URL = f"127.0.0.1:{MODEL_SERVER_PORT}"
+# The samples are written for a real cluster, so a model server's address and
+# model name are placeholders there; the sandbox points them at its toy
+# server (which answers to any model name, and calls itself "toy").
+SAMPLE_SERVER = "http://my-model.models.svc:8000"
+SAMPLE_SERVED_MODEL = "my-model"
+TOY_MODEL = "toy"
 # Processes this command adds to the plane's state.json (stopped first by `down`).
 PROCESS_NAMES = ("model-server", "lmeval-sandbox-runner", "lmeval-poller")
 
@@ -149,10 +154,24 @@ def sample_documents(sample: str, model_port: int) -> list[dict[str, Any]]:
     if not path.is_file():
         names = ", ".join(SAMPLES)
         raise DemoError(f"no sample {sample!r}: use one of {names}, or a path to a YAML file")
-    text = path.read_text().replace(SAMPLE_MODEL_URL, f"127.0.0.1:{model_port}")
     documents = [d for d in yaml.safe_load_all(TASKS_FILE.read_text()) if d]
-    documents += [d for d in yaml.safe_load_all(text) if d]
+    documents += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for document in documents:
+        if document.get("kind") == api.KIND:
+            _to_toy_server(document.get("spec") or {}, model_port)
     return documents
+
+
+def _to_toy_server(spec: dict[str, Any], model_port: int) -> None:
+    """Point a sample's placeholder model server at the toy server on `model_port`."""
+    for pair in spec.get("modelArgs") or []:
+        value = pair.get("value")
+        if not isinstance(value, str):
+            continue
+        if pair.get("name") == "base_url" and value.startswith(SAMPLE_SERVER + "/"):
+            pair["value"] = f"http://127.0.0.1:{model_port}" + value.removeprefix(SAMPLE_SERVER)
+        elif pair.get("name") == "model" and value == SAMPLE_SERVED_MODEL:
+            pair["value"] = TOY_MODEL
 
 
 def _job_name(documents: list[dict[str, Any]]) -> str:

@@ -42,7 +42,7 @@ from tests.deploy.conftest import (
 
 RBAC_FILE = DEPLOY / "base" / "rbac.yaml"
 # The install guide: deploy/INSTALL.md, or README.md once merged into it.
-GUIDES = (DEPLOY / "INSTALL.md", REPO / "README.md")
+GUIDES = (DEPLOY / "INSTALL.md", DEPLOY / "CONFIGURE.md", DEPLOY / "RBAC.md", REPO / "README.md")
 POLLER_SA = {"kind": "ServiceAccount", "name": "lmeval-poller", "namespace": POLLER_NS}
 CLUSTER_SCOPED = {
     "Namespace",

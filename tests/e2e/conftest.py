@@ -23,7 +23,7 @@ from poller import api
 from poller.sandbox import demo
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner
+from poller.sandbox.runner import LocalRunner, placement
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +49,17 @@ def model_server() -> Iterator[ModelServer]:
 
 
 def sample(name: str, port: int = demo.MODEL_SERVER_PORT) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tasks ConfigMap, LMEvalJob) of a sample in deploy/samples/."""
+    """(tasks ConfigMap, LMEvalJob) of a sample in deploy/samples/, placed on
+    the session's runner node.
+
+    The samples carry no placement (they are written for a real cluster);
+    this session's runner node is tainted and its kwok nodes are not, so the
+    job asks for the runner's node, as `placement` spells it.
+    """
     documents = demo.sample_documents(name, port)
     configmap = next(d for d in documents if d["kind"] == "ConfigMap")
     job = next(d for d in documents if d["kind"] == api.KIND)
+    job["spec"]["pod"] = {**job["spec"].get("pod", {}), **placement()}
     return configmap, job
 
 

@@ -50,7 +50,7 @@ TASK = "gate_arith"
 METRIC = "exact_match,none"
 TASKS_CONFIGMAP = "gate-tasks"
 GATE = {"task": TASK, "metric": METRIC, "maxDrop": 0.0, "alpha": 0.05}
-# The sandbox's local-process node, as in deploy/samples.
+# The session runner's local-process node (tainted: jobs must ask for it).
 LOCAL_POD = {
     "nodeSelector": {"sandbox.lmeval.io/local": "true"},
     "tolerations": [

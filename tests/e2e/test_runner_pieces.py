@@ -3,8 +3,9 @@
 No cluster: how container paths become local paths (mount paths, their
 parent directories, never URLs or unrelated absolute paths), Kubernetes'
 ``$(VAR)`` expansion, the container argv as a local command line, the
-kubelet's FallbackToLogsOnError message, the node placement the samples
-use, the samples' port substitution, the results table's rows, and how the
+kubelet's FallbackToLogsOnError message, the samples (no placement, as on a
+real cluster) and how the sandbox points their placeholder model server at
+its toy server, the results table's rows, and how the
 run command follows a job through the CLI's follower (a scripted cluster).
 """
 
@@ -23,11 +24,9 @@ from poller import api
 from poller.sandbox import demo
 from poller.sandbox.bringup import DemoError
 from poller.sandbox.runner import (
-    NODE_LABEL,
     PathMapper,
     expand_vars,
     local_argv,
-    placement,
     termination_message,
 )
 
@@ -97,18 +96,25 @@ def test_termination_message_keeps_the_tail() -> None:
     assert termination_message(["x" * 5000]) == "x" * 2048
 
 
-def test_samples_target_the_sandbox_node_and_the_chosen_port() -> None:
+def test_samples_run_anywhere_and_the_sandbox_points_them_at_its_server() -> None:
     for name in demo.SAMPLES:
-        documents = demo.sample_documents(name, 41234)
-        job = next(d for d in documents if d["kind"] == api.KIND)
+        written = yaml.safe_load_all(demo.SAMPLES[name].read_text())
+        job = next(d for d in written if d and d["kind"] == api.KIND)
         spec = api.LMEvalJobSpec.model_validate(job["spec"])  # the poller accepts it
-        assert spec.pod is not None and spec.pod.node_selector == {NODE_LABEL[0]: NODE_LABEL[1]}
-        wanted = placement()
-        assert job["spec"]["pod"]["tolerations"] == wanted["tolerations"]
+        # Written for a real cluster: no placement (the sandbox's node is untainted).
+        assert spec.pod is None, name
         assert [c.config_map for c in spec.custom_tasks or []] == ["lmeval-sample-tasks"]
     served = demo.sample_documents("served-model", 41234)
     args = next(d for d in served if d["kind"] == api.KIND)["spec"]["modelArgs"]
     assert {"name": "base_url", "value": "http://127.0.0.1:41234/v1/completions"} in args
+    assert {"name": "model", "value": demo.TOY_MODEL} in args
+    chat = demo.sample_documents("chat-model", 41234)
+    args = next(d for d in chat if d["kind"] == api.KIND)["spec"]["modelArgs"]
+    assert {"name": "base_url", "value": "http://127.0.0.1:41234/v1/chat/completions"} in args
+    # Only the placeholder is rewritten: a user's own server stays as written.
+    own = [{"name": "base_url", "value": "http://vllm.team.svc:8000/v1/completions"}]
+    demo._to_toy_server({"modelArgs": own}, 41234)
+    assert own[0]["value"] == "http://vllm.team.svc:8000/v1/completions"
 
 
 def test_sample_task_files_use_absolute_in_pod_paths() -> None:

@@ -12,10 +12,12 @@ their status.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import re
+import shlex
 import subprocess
 import uuid
 from collections.abc import Iterator, Mapping
@@ -27,12 +29,15 @@ import pytest
 import yaml
 
 from poller import api
-from poller.sandbox import build, demo, images
+from poller.sandbox import build, demo, helm, images, nodeconfig, release
+from poller.sandbox.components import free_port
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.deployed import apply_job_namespace, apply_poller
 from poller.sandbox.nodeconfig import NODE_NAME
 from poller.sandbox.realdemo import model_server_sidecar
 from poller.sandbox.realnode import NodeImage, RealNode
+from poller.sandbox.supervise import http_ok, terminate
+from tests import docs
 from tests.waiting import wait_for
 
 # The kubelet's default; test_rotated_log_still_yields_results lowers it.
@@ -320,12 +325,154 @@ def job_namespace(node_cluster: NodeCluster, request: pytest.FixtureRequest) -> 
     node_cluster.plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+# -- a release as users get it ---------------------------------------------------------------
+# Shared by tests/node/test_release.py and tests/node/test_readme.py: the
+# release built from this checkout (images pushed to a registry on loopback,
+# manifests naming them by digest), a fresh plane whose node pulls from that
+# registry, and the README's install commands run against it.
+
+README = docs.REPO_ROOT / "README.md"
+POLLER_NS = "lmeval-system"
+JOBS_NS = "lmeval-jobs"  # what job-namespace.yaml and the README's Helm line prepare
+PUBLISHED = "https://github.com/lmeval-poller/lmeval-poller/releases/download/v{version}"
+
+
+@dataclass(frozen=True)
+class LocalRelease:
+    """The current release, and the loopback port of the registry holding its images."""
+
+    release: release.Release
+    registry_port: int
+
+
+@contextlib.contextmanager
+def release_registry(port: int, workdir: Path) -> Iterator[str]:
+    """The nodes' registry (its storage) on `port`, while no node runs."""
+    storage = build.cache_root() / "node" / "registry"
+    storage.mkdir(parents=True, exist_ok=True)
+    config = workdir / "registry.yaml"
+    config.write_text(nodeconfig.registry_config(storage, port))
+    log = (workdir / "registry.log").open("w")
+    process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log)
+    try:
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/v2/"), timeout=30, what="registry")
+        yield f"127.0.0.1:{port}"
+    finally:
+        terminate(process.pid)
+        process.wait(timeout=30)
+        log.close()
+
+
+def build_local_release(
+    registry: str, out: Path, commit: str | None = None, *, krew: bool = True
+) -> release.Release:
+    """A release of this checkout (or of `commit`) pushed to `registry` on loopback."""
+    # allow_dirty: a developer's run tests their uncommitted work too.
+    return release.build_release(
+        registry=f"{registry}/lmeval",
+        out=out,
+        commit=commit,
+        plain_http=True,
+        allow_dirty=True,
+        krew=krew,
+    )
+
+
+@pytest.fixture(scope="session")
+def current_release(node_slot: NodeSlot, tmp_path_factory: pytest.TempPathFactory) -> LocalRelease:
+    """This checkout's release, built once per session for every test that installs it."""
+    node_slot.stop_shared()  # its registry and ours share their storage
+    work = tmp_path_factory.mktemp("release")
+    port = free_port()
+    with release_registry(port, work) as registry:
+        current = build_local_release(registry, work / "current")
+    print(f"\nrelease {current.version}: {json.dumps(current.seconds)}")
+    for image in current.images.values():
+        print(f"  {image.ref} {image.compressed_bytes / 2**20:.1f} MiB compressed")
+    return LocalRelease(current, port)
+
+
+@contextlib.contextmanager
+def release_plane(
+    node_slot: NodeSlot,
+    registry_port: int,
+    workdir: Path,
+    kubernetes: build.Kubernetes = "current",
+) -> Iterator[NodeCluster]:
+    """A plane and a real node of their own, the node's registry holding the releases."""
+    node_slot.stop_shared()
+    plane, node, built = start_node_plane(
+        workdir, registry_port=registry_port, kubernetes=kubernetes
+    )
+    try:
+        refs = {image.name: node.image(image.ref) for image in built.all()}
+        yield NodeCluster(plane, node, refs, workdir)
+    finally:
+        stop_node_plane(plane, node)
+
+
+def run_helm(cluster: NodeCluster, *args: str, check: bool = True) -> str:
+    done = helm.run_helm(
+        *args,
+        home=cluster.workdir / "helm",
+        check=check,
+        timeout=300,
+        env={"KUBECONFIG": str(cluster.plane.kubeconfig)},
+    )
+    return done.stdout
+
+
+def readme_commands(tool: str) -> list[str]:
+    """The README's install block for `tool` (``<!-- install: TOOL -->``), line by line."""
+    found = docs.marked_blocks(f"install: {tool}", [README], "bash")
+    assert found, f"README.md has no install block for {tool}"
+    return [line.strip() for line in found[0].text.splitlines() if line.strip()]
+
+
+def run_readme_install(cluster: NodeCluster, tool: str, built: release.Release) -> None:
+    """The README's commands, as written, with $RELEASE the local release folder."""
+    lines = readme_commands(tool)
+    assert lines[0] == f"RELEASE={PUBLISHED.format(version=built.version)}", lines[0]
+    assert 1 <= len(lines) - 1 <= 3, f"the README's {tool} install is {len(lines) - 1} commands"
+    for line in lines[1:]:
+        argv = shlex.split(line.replace("$RELEASE", str(built.directory)))
+        assert argv[0] in ("kubectl", "helm"), line
+        if argv[0] == "kubectl":
+            cluster.plane.kubectl(*argv[1:], timeout=180)
+        else:
+            run_helm(cluster, *argv[1:])
+
+
+def wait_poller_ready(cluster: NodeCluster) -> None:
+    cluster.kubectl(
+        "-n",
+        POLLER_NS,
+        "rollout",
+        "status",
+        "deployment/lmeval-poller",
+        "--timeout=240s",
+        timeout=250,
+    )
+
+
 __all__ = [
+    "JOBS_NS",
     "NODE_NAME",
+    "POLLER_NS",
+    "PUBLISHED",
+    "README",
+    "LocalRelease",
     "NodeCluster",
     "NodeSlot",
+    "build_local_release",
     "job_body",
+    "readme_commands",
+    "release_plane",
+    "release_registry",
+    "run_helm",
+    "run_readme_install",
     "served_job",
     "start_node_plane",
     "stop_node_plane",
+    "wait_poller_ready",
 ]

@@ -37,7 +37,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -51,28 +50,29 @@ import pytest
 import yaml
 
 from poller import api
-from poller.sandbox import build, helm, nodeconfig, release
-from poller.sandbox.components import free_port
+from poller.sandbox import build, krewplugin, release
 from poller.sandbox.prometheus import PrometheusServer
-from poller.sandbox.supervise import http_ok, terminate
 from tests.node.conftest import (
+    JOBS_NS,
+    POLLER_NS,
+    LocalRelease,
     NodeCluster,
     NodeSlot,
+    build_local_release,
     job_body,
+    release_plane,
+    release_registry,
+    run_helm,
+    run_readme_install,
     served_job,
-    start_node_plane,
-    stop_node_plane,
+    wait_poller_ready,
 )
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.node, pytest.mark.fresh_plane, pytest.mark.lmeval]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-README = REPO_ROOT / "README.md"
-POLLER_NS = "lmeval-system"
-JOBS_NS = "lmeval-jobs"  # what job-namespace.yaml and the README's Helm line prepare
 POLLER_USER = f"system:serviceaccount:{POLLER_NS}:lmeval-poller"
-PUBLISHED = "https://github.com/lmeval-poller/lmeval-poller/releases/download/v{version}"
 # The operator's own edit of a setting, which an upgrade must keep.
 KEPT_SETTING = ("log-archive-bytes", "12345")
 HOLD_FILE = "/tmp/release-the-answers"
@@ -85,24 +85,6 @@ class Releases:
     rebuilt: release.Release  # the current one built a second time
     registry_port: int
     labels: dict[str, dict[str, str]]  # each current image's OCI labels, read back
-
-
-@contextlib.contextmanager
-def _registry(port: int, workdir: Path) -> Iterator[str]:
-    """The nodes' registry (its storage) on `port`, while no node runs."""
-    storage = build.cache_root() / "node" / "registry"
-    storage.mkdir(parents=True, exist_ok=True)
-    config = workdir / "registry.yaml"
-    config.write_text(nodeconfig.registry_config(storage, port))
-    log = (workdir / "registry.log").open("w")
-    process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log)
-    try:
-        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/v2/"), timeout=30, what="registry")
-        yield f"127.0.0.1:{port}"
-    finally:
-        terminate(process.pid)
-        process.wait(timeout=30)
-        log.close()
 
 
 def previous_commit() -> tuple[str, str]:
@@ -130,34 +112,23 @@ def _labels(ref: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def releases(node_slot: NodeSlot, tmp_path_factory: pytest.TempPathFactory) -> Releases:
+def releases(
+    node_slot: NodeSlot, current_release: LocalRelease, tmp_path_factory: pytest.TempPathFactory
+) -> Releases:
     node_slot.stop_shared()  # its registry and ours share their storage
     work = tmp_path_factory.mktemp("releases")
-    port = free_port()
+    current, port = current_release.release, current_release.registry_port
     _, commit = previous_commit()
-    with _registry(port, work) as registry:
-
-        def build_one(name: str, commit: str | None = None) -> release.Release:
-            # allow_dirty: a developer's run tests their uncommitted work too.
-            return release.build_release(
-                registry=f"{registry}/lmeval",
-                out=work / name,
-                commit=commit,
-                plain_http=True,
-                allow_dirty=True,
-            )
-
-        current = build_one("current")
-        rebuilt = build_one("rebuilt")
-        previous = build_one("previous", commit)
+    with release_registry(port, work) as registry:
+        rebuilt = build_local_release(registry, work / "rebuilt")
+        # Upgrades install the previous release's manifests and chart: its
+        # kubectl plugin (a minute or more of wheels per build) is not used.
+        previous = build_local_release(registry, work / "previous", commit, krew=False)
         labels = {name: _labels(image.ref) for name, image in current.images.items()}
     print(
-        f"\nrelease {current.version}: {json.dumps(current.seconds)}; "
-        f"rebuilt: {json.dumps(rebuilt.seconds)}; "
+        f"\nrebuilt {current.version}: {json.dumps(rebuilt.seconds)}; "
         f"previous {previous.version}: {json.dumps(previous.seconds)}"
     )
-    for image in current.images.values():
-        print(f"  {image.ref} {image.compressed_bytes / 2**20:.1f} MiB compressed")
     return Releases(current, previous, rebuilt, port, labels)
 
 
@@ -169,62 +140,11 @@ def fresh_plane(
     kubernetes: build.Kubernetes = "current",
 ) -> Iterator[NodeCluster]:
     """A plane and a real node of their own, the registry holding the releases."""
-    node_slot.stop_shared()
-    plane, node, built = start_node_plane(
-        workdir, registry_port=releases.registry_port, kubernetes=kubernetes
-    )
-    try:
-        refs = {image.name: node.image(image.ref) for image in built.all()}
-        yield NodeCluster(plane, node, refs, workdir)
-    finally:
-        stop_node_plane(plane, node)
+    with release_plane(node_slot, releases.registry_port, workdir, kubernetes) as cluster:
+        yield cluster
 
 
 # -- as a user -------------------------------------------------------------------------------
-
-
-def run_helm(cluster: NodeCluster, *args: str, check: bool = True) -> str:
-    done = helm.run_helm(
-        *args,
-        home=cluster.workdir / "helm",
-        check=check,
-        timeout=300,
-        env={"KUBECONFIG": str(cluster.plane.kubeconfig)},
-    )
-    return done.stdout
-
-
-def readme_commands(tool: str) -> list[str]:
-    """The README's install block for `tool` (``<!-- install: TOOL -->``)."""
-    found = re.search(rf"<!-- install: {tool} -->\s*```bash\n(.*?)```", README.read_text(), re.S)
-    assert found, f"README.md has no install block for {tool}"
-    return [line.strip() for line in found.group(1).splitlines() if line.strip()]
-
-
-def run_readme_install(cluster: NodeCluster, tool: str, built: release.Release) -> None:
-    """The README's commands, as written, with $RELEASE the local release folder."""
-    lines = readme_commands(tool)
-    assert lines[0] == f"RELEASE={PUBLISHED.format(version=built.version)}", lines[0]
-    assert 1 <= len(lines) - 1 <= 3, f"the README's {tool} install is {len(lines) - 1} commands"
-    for line in lines[1:]:
-        argv = shlex.split(line.replace("$RELEASE", str(built.directory)))
-        assert argv[0] in ("kubectl", "helm"), line
-        if argv[0] == "kubectl":
-            cluster.plane.kubectl(*argv[1:], timeout=180)
-        else:
-            run_helm(cluster, *argv[1:])
-
-
-def wait_poller_ready(cluster: NodeCluster) -> None:
-    cluster.kubectl(
-        "-n",
-        POLLER_NS,
-        "rollout",
-        "status",
-        "deployment/lmeval-poller",
-        "--timeout=240s",
-        timeout=250,
-    )
 
 
 def submit_dummy(cluster: NodeCluster, name: str) -> None:
@@ -320,6 +240,9 @@ def test_the_artifacts_name_images_by_digest_and_rebuild_identically(releases: R
         "release.json",
         "NOTES.md",
         "checksums.txt",
+        # `kubectl lmeval` for krew: its manifest and one archive per platform.
+        krewplugin.MANIFEST_NAME,
+        *(krewplugin.archive_name(current.version, p) for p in krewplugin.PLATFORMS),
     }
     assert set(files) == expected, files
     # checksums.txt is `sha256sum -c`'s format and true.
