@@ -65,7 +65,9 @@ def admin_api(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
 def namespace(admin_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test, deleted (without waiting) afterwards."""
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
-    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    # Parametrized tests share their stem, and a namespace stays "being deleted"
+    # for a while: 5 hex digits once collided with one (a 409 AlreadyExists).
+    name = f"{stem}-{uuid.uuid4().hex[:10]}"
     core = client.CoreV1Api(admin_api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
 
