@@ -288,7 +288,7 @@ def _dependencies_key(platform: Platform, python: str, own: Sequence[Path]) -> s
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _download(platform: Platform, python: str, own: Sequence[Path], work: Path, log: Path) -> Path:
+def _download(platform: Platform, python: str, own: Sequence[Path], work: Path) -> Path:
     """Every wheel the checkout's distributions need on `platform` under CPython
     `python`, resolved for that version (markers may differ between versions).
 
@@ -300,27 +300,29 @@ def _download(platform: Platform, python: str, own: Sequence[Path], work: Path, 
     dest = work / platform.name / python
     cached = build.cache_root() / "krew-wheels" / _dependencies_key(platform, python, own)
     own_names = {w.name for w in own}
-    if not (cached / ".complete").is_file():
-        _run(
-            _pip("download", f"--dest={dest}", *_target_flags(platform, python), *map(str, own)),
-            log,
-        )
-        partial = cached.with_name(f"{cached.name}.{os.getpid()}.{threading.get_ident()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        for wheel in dest.glob("*.whl"):
-            if wheel.name not in own_names:
-                shutil.copy2(wheel, partial / wheel.name)
-        (partial / ".complete").touch()
+
+    def resolve(staging: Path, build_log: Path) -> None:
+        flags = _target_flags(platform, python)
+        _run(_pip("download", f"--dest={staging}", *flags, *map(str, own)), build_log)
+        for wheel in staging.glob("*.whl"):
+            if wheel.name in own_names:  # the checkout's own change with every commit
+                wheel.unlink()
+
+    if not cached.is_dir():
         try:
-            partial.rename(cached)
+            build.staged_build(
+                cached,
+                f"the wheels of {platform.name}, CPython {python}",
+                resolve,
+                lambda staging: "" if any(staging.glob("*.whl")) else "any wheel",
+                {"platform": platform.name, "python": python},
+                PluginError,
+            )
         except OSError:  # another build cached the same resolution first
-            shutil.rmtree(partial, ignore_errors=True)
-        return dest
+            if not cached.is_dir():
+                raise
     dest.mkdir(parents=True)
-    for wheel in cached.glob("*.whl"):
-        shutil.copy2(wheel, dest / wheel.name)
-    for wheel in own:
+    for wheel in [*cached.glob("*.whl"), *own]:
         shutil.copy2(wheel, dest / wheel.name)
     return dest
 
@@ -480,7 +482,7 @@ def build_plugin(
         # there are cores; staging and gzip (which releases the GIL) use the cores.
         pairs = [(platform, python) for platform in platforms for python in PYTHON_VERSIONS]
         with ThreadPoolExecutor(max_workers=_PARALLEL_DOWNLOADS) as pool:
-            fetched = pool.map(lambda pair: _download(pair[0], pair[1], own, work, log), pairs)
+            fetched = pool.map(lambda pair: _download(pair[0], pair[1], own, work), pairs)
             downloads: dict[Platform, dict[str, Path]] = {platform: {} for platform in platforms}
             for (platform, python), dest in zip(pairs, fetched, strict=True):
                 downloads[platform][python] = dest
