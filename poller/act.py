@@ -45,7 +45,7 @@ from poller.actions import (
 )
 from poller.api import JobState
 from poller.identity import PodProof
-from poller.kube import ApiError, Conflict, Kube, NotOwned
+from poller.kube.client import ApiError, Conflict, Kube, NotOwned
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
 from poller.podreads import PodReads
 from poller.settings import Settings

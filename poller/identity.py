@@ -41,7 +41,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from poller.kube import Conflict, Kube, NotFound
+from poller.kube.client import Conflict, Kube, NotFound
 from poller.timefmt import now, parse_time
 from poller.views import PROOF_ANNOTATION
 

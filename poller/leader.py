@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from poller import timefmt
-from poller.kube import Conflict, Kube, NotFound
+from poller.kube.client import Conflict, Kube, NotFound
 
 __all__ = ["LeaderElector"]
 

@@ -5,7 +5,7 @@ Two kinds of series, kept apart on purpose:
 * **Health** (counters, gauges and histograms owned by `PollerMetrics`):
   cycles, their duration and failures, the age of the last good cycle, the
   poll interval in force, every API request by verb/resource/code (counted in
-  `poller.kube`, the one layer that talks to the API), whether this replica
+  `poller.kube.client`, the one layer that talks to the API), whether this replica
   is the acting one, and which build runs (``lmeval_build_info``: always 1,
   the version and source revision as labels, `poller.buildinfo`). Their
   labels are fixed vocabularies written in the code (or, for the build, in

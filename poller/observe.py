@@ -53,7 +53,7 @@ from typing import Any
 from poller import api, kueuegate, outcome, podspec, results
 from poller.actions import LogRequest, Needs
 from poller.gate import GateView, ItemsRead, baseline_name
-from poller.kube import ApiError, Kube, NotFound
+from poller.kube.client import ApiError, Kube, NotFound
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.ownership import controller_uid
 from poller.podreads import PodReads

@@ -5,7 +5,7 @@ the poller's only window into an evaluation, and everything in it comes from
 whoever controls the job: the model server's answers, the dataset, a hostile
 tenant's own output. So every read here has a byte limit, sent to the
 kubelet (``limitBytes``) and enforced again while reading
-(`poller.kube.Kube.read_log_tail`, `poller.transport`), and its text goes
+(`poller.kube.client.Kube.read_log_tail`, `poller.kube.transport`), and its text goes
 only to the decoder (`driver.decoder`), which never raises. What a read
 could not get is said in the view handed to `decide`, never guessed.
 
@@ -22,8 +22,8 @@ from driver.decoder import decode_bytes
 from driver.protocol import MAX_RESULTS_BYTES
 from poller import podspec, results
 from poller.actions import ArchiveLog, ExecRequest, LogRequest, ReleaseHold
-from poller.kube import ApiError, Kube, LogTail, NotFound, NotOwned
-from poller.transport import ExecOutputTooLarge
+from poller.kube.client import ApiError, Kube, LogTail, NotFound, NotOwned
+from poller.kube.transport import ExecOutputTooLarge
 from poller.views import ExecView, JobView, LogView
 
 __all__ = [

@@ -31,7 +31,7 @@ from typing import Any
 import urllib3.exceptions
 
 from poller import api
-from poller.apierrors import ApiError, Conflict
+from poller.kube.errors import ApiError, Conflict
 from poller.timefmt import format_time
 
 __all__ = [

@@ -53,7 +53,7 @@ from poller.actions import Decision, Needs
 from poller.gate import GateView
 from poller.identity import PodProof, load_pod_proof
 from poller.jobseries import JobSeries
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.kueuegate import KueueView
 from poller.observe import Observed, Observer
 from poller.podreads import PodReads

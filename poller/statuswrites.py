@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from poller import poison
 from poller.actions import PatchStatus, PostEvent
-from poller.kube import Conflict, Kube
+from poller.kube.client import Conflict, Kube
 from poller.scheduling import decide_failure
 from poller.views import JobView
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from poller import api, podspec, podstorage, taskcode
-from poller.kube import ApiError, Kube
+from poller.kube.client import ApiError, Kube
 from poller.ownership import not_the_jobs
 from poller.settings import CONFIGMAP_NAME, Settings
 from poller.views import JobView

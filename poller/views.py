@@ -6,7 +6,7 @@ decision functions read only them (what they return is in
 what lets every transition be a table-driven unit test.
 
 `JobObject` and `PodObject` name the parts of an API object that the views
-read. LISTs are parsed into exactly that shape (`poller.kube`), so the bulk
+read. LISTs are parsed into exactly that shape (`poller.kube.client`), so the bulk
 no view needs (managedFields, all of a pod spec but its containers' names and
 images, ...) never becomes Python objects:
 a field a view starts reading must be added there too.

@@ -15,7 +15,7 @@ predictable, and a co-tenant may create one first or replace it (the claims
 admission policy keeps anyone but the poller from naming an LMEvalJob as
 owner, and the apiserver allows one controller per object). Requests use
 the client's plumbing (TLS, credentials, pooling) with plain JSON in and
-out, like ``poller.kube``: the typed models would drop unknown fields and
+out, like ``poller.kube.client``: the typed models would drop unknown fields and
 cost more than they give a printer.
 """
 

@@ -17,7 +17,8 @@ import re
 from enum import IntEnum
 from typing import Any
 
-from poller import api, apierrors
+from poller import api
+from poller.kube import errors as apierrors
 
 __all__ = [
     "API_NOT_FOUND",

@@ -7,7 +7,7 @@ typed models costs more than the request and loses nothing only when
 skipped. Each caller keeps its own error handling (the CLI explains, the
 node retries); this is the part they share. The poller process does not use
 it: importing the kubernetes package alone costs it 44 MiB, so it has its
-own connection, `poller.transport.ApiTransport`.
+own connection, `poller.kube.transport.ApiTransport`.
 """
 
 from __future__ import annotations

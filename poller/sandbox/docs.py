@@ -891,14 +891,26 @@ def _enums() -> dict[str, dict[str, str]]:
     }
 
 
+def _operator_modules(package: Path) -> list[tuple[str, Path]]:
+    """The operator's modules under `package` (its layers' folders too): dotted name, path."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts[0] in ("cli", "sandbox"):
+            continue
+        dotted = ".".join((package.name, *parts))
+        found.append((dotted.removesuffix(".__init__"), path))
+    return found
+
+
 class _Source:
     """The operator's modules, parsed, and the flow of status messages through them."""
 
     def __init__(self, package: Path) -> None:
         self.enums = _enums()
         self.modules: dict[str, _Module] = {}
-        for path in sorted(package.glob("*.py")):
-            module = _Module(f"poller.{path.stem}", ast.parse(path.read_text(), str(path)))
+        for name, path in _operator_modules(package):
+            module = _Module(name, ast.parse(path.read_text(), str(path)))
             self._index(module)
             self.modules[module.name] = module
         self.by_method: dict[str, list[_Function]] = {}
@@ -1445,7 +1457,7 @@ def _flow(package: Path) -> tuple[_Source, list[tuple[str, _Slots, _Function]]]:
     """`_Source(package).flow()`, kept while the package's files are unchanged."""
     key = (
         str(package.resolve()),
-        *((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(package.glob("*.py"))),
+        *((n, p.stat().st_mtime_ns, p.stat().st_size) for n, p in _operator_modules(package)),
     )
     if key not in _FLOWS:
         source = _Source(package)

@@ -37,8 +37,8 @@ from typing import Any
 
 from kubernetes import client
 
-from poller import apierrors
 from poller.cli.rawapi import send
+from poller.kube import errors
 from poller.sandbox.localproc import Container, LocalPod
 from poller.sandbox.podfs import (
     ConfigError,
@@ -57,7 +57,7 @@ REQUEST_TIMEOUT = 15.0
 # -- the raw API ---------------------------------------------------------------------
 
 
-class ApiError(apierrors.ApiError):
+class ApiError(errors.ApiError):
     """The API server answered the sandbox with a status outside 2xx."""
 
     def __init__(self, status: int, body: str) -> None:

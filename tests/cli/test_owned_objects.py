@@ -47,7 +47,7 @@ from kubernetes.client.exceptions import ApiException
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
 from poller import api, podspec, results
 from poller.cli.errors import ExitCode
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, user_kubeconfig
 from tests.cli.conftest import REPO, Cli

@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client
 
 from poller import api, timefmt
-from poller.kube import PAGE_SIZE, Kube
+from poller.kube.client import PAGE_SIZE, Kube
 from poller.observe import HOT_PAGE_SIZE
 from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox.controlplane import ControlPlane

@@ -37,14 +37,14 @@ import pytest
 import yaml
 
 from poller import api
-from poller.kube import Kube
+from poller.kube.client import Kube
+from poller.kube.transport import ApiTransport
 from poller.observe import HOT_JOBS
 from poller.sandbox import build, images
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import service_account_kubeconfig, user_kubeconfig
 from poller.sandbox.nodeconfig import NODE_NAME
 from poller.sandbox.realnode import NodeImage, RealNode
-from poller.transport import ApiTransport
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

@@ -23,7 +23,7 @@ from kubernetes import client
 
 from driver.protocol import encode_marker
 from poller import api
-from poller.kube import Kube, LogTail
+from poller.kube.client import Kube, LogTail
 from poller.reconciler import Reconciler
 from poller.results import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
@@ -405,7 +405,7 @@ def test_progress_reads_are_capped_and_wait_for_transitions(
         what="z-done's container terminated",
     )
     # A fresh poller: every running job is due a progress read, one is allowed.
-    kube = _RecordingKube(poller.kube)
+    kube = _RecordingKube(poller.kube.client)
     fresh = Reconciler(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
     report = fresh.run_cycle()
     assert report.errors == 0, report.error_messages

@@ -38,7 +38,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api, podspec, podstorage, results
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import POLLER_USER, Jobs, cycle_until

@@ -42,7 +42,7 @@ from kubernetes import client
 
 from poller import podspec, results
 from poller.identity import KEY_FIELD, KEY_SECRET
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.views import PROOF_ANNOTATION

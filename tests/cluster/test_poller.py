@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api, podspec
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, service_account_kubeconfig

@@ -1,4 +1,4 @@
-"""The poller's own connection (`poller.transport`) against the real apiserver and kwok.
+"""The poller's own connection (`poller.kube.transport`) against the real apiserver and kwok.
 
 Checks: client-certificate and token kubeconfigs authenticate; pods/exec
 through kwok returns the command's output (also when larger than a frame),
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from poller.kube import ApiError, Kube, NotFound
+from poller.kube.client import ApiError, Kube, NotFound
+from poller.kube.transport import ApiTransport
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import service_account_kubeconfig
-from poller.transport import ApiTransport
 from tests.cluster.test_controlplane import _main_state, _pod
 from tests.waiting import wait_for
 

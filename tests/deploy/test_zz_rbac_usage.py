@@ -35,7 +35,7 @@ import pytest
 from kubernetes import client
 
 from poller import api, podstorage, results
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.leader import LeaderElector
 from poller.reconciler import Reconciler
 from poller.sandbox import kwok

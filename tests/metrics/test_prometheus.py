@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from poller import api
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.metrics import MetricsServer, PollerMetrics, serve
 from poller.reconciler import Reconciler
 from poller.sandbox.prometheus import PrometheusServer, promtool

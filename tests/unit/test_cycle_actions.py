@@ -19,7 +19,7 @@ from typing import Any
 from driver.protocol import encode_marker
 from poller import api, podspec
 from poller.identity import KEY_FIELD, PodProof
-from poller.kube import JobsPage, LogTail
+from poller.kube.client import JobsPage, LogTail
 from poller.reconciler import ACTION_WORKERS, Reconciler
 from poller.views import PROOF_ANNOTATION
 

@@ -1,7 +1,7 @@
 """One error hierarchy: the operator, the CLI and the sandbox meet the same `ApiError`.
 
 Checks, without a cluster: the CLI's and the sandbox's API errors are
-`poller.apierrors.ApiError`s with the one `transient` test (5xx and 429),
+`poller.kube.errors.ApiError`s with the one `transient` test (5xx and 429),
 keep the messages they had, and the cycle's acting re-raises a transient
 refusal (the next cycle tries again) while a refusal for good becomes the
 apiserver's words.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from poller import apierrors
 from poller.act import refused_for_good
 from poller.cli.errors import ApiError as CliApiError
 from poller.cli.errors import ExitCode, explain
-from poller.kube import ApiError
+from poller.kube import errors as apierrors
+from poller.kube.client import ApiError
 from poller.poison import classify
 from poller.sandbox.podsetup import ApiError as SandboxApiError
 

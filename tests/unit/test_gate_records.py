@@ -22,7 +22,7 @@ import pytest
 from poller import api, decide, gate
 from poller.actions import Needs, PatchStatus
 from poller.gate import GateView, ItemsRead
-from poller.kube import Kube
+from poller.kube.client import Kube
 from poller.statuswrites import StatusWrites, merge_patch
 from poller.views import JobView
 from tests.unit.test_decide import NOW, SETTINGS

@@ -23,7 +23,7 @@ import urllib3
 
 from poller import api, poison
 from poller.identity import KEY_FIELD, PodProof, load_pod_proof
-from poller.kube import ApiError, Conflict, NotFound
+from poller.kube.client import ApiError, Conflict, NotFound
 from poller.views import PROOF_ANNOTATION
 
 KEY = b"k" * 32

@@ -1,4 +1,4 @@
-"""`poller.kubepages.paged`: LIST pages parsed whole, or for their metadata only.
+"""`poller.kube.pages.paged`: LIST pages parsed whole, or for their metadata only.
 
 Checks: every item of every page comes once, in order, the next page fetched
 with the continue token; with `unchanged`, a page whose every item it
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from poller.kubepages import JOB_PAGE, ObjectMetadata, paged
+from poller.kube.pages import JOB_PAGE, ObjectMetadata, paged
 
 
 def _job(name: str, version: str | None = "7") -> dict[str, Any]:

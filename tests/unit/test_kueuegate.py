@@ -31,7 +31,7 @@ from poller.actions import (
     PatchStatus,
     PatchWorkloadStatus,
 )
-from poller.apierrors import ApiError, Conflict
+from poller.kube.errors import ApiError, Conflict
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.settings import Settings
 from poller.timefmt import format_time

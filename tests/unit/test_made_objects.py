@@ -31,7 +31,7 @@ import pytest
 from poller import api, ownership, podspec, podstorage, results
 from poller.act import Actuator
 from poller.identity import PodProof
-from poller.kube import Conflict
+from poller.kube.client import Conflict
 from poller.podreads import PodReads
 from poller.scheduling import decide_failure, schedule
 from poller.settings import Settings

@@ -27,7 +27,7 @@ from driver.protocol import encode_marker, encode_results
 from poller import decide, outcome, podspec
 from poller.actions import Decision, LogRequest, Needs
 from poller.identity import KEY_FIELD, PodProof
-from poller.kube import JobsPage, LogTail
+from poller.kube.client import JobsPage, LogTail
 from poller.reconciler import Reconciler
 from poller.routing import Step, route
 from poller.settings import Settings

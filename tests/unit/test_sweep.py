@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from poller.kube import JobsPage
+from poller.kube.client import JobsPage
 from poller.retained import RetainedJobs
 from poller.settings import Settings
 from poller.sweep import FINISHED_JOBS, FinishedSweep

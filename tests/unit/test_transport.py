@@ -1,4 +1,4 @@
-"""The poller's own apiserver connection (`poller.transport`, `poller.kubeconfig`).
+"""The poller's own apiserver connection (`poller.kube.transport`, `poller.kube.config`).
 
 Checks, against a real local HTTPS server (ssl + http.server on 127.0.0.1
 with a throwaway PKI) that also speaks the pods/exec WebSocket protocol:
@@ -41,10 +41,10 @@ import pytest
 import urllib3
 import yaml
 
-from poller import kubeconfig
-from poller.kube import ApiError, Kube, NotFound
+from poller.kube import config
+from poller.kube.client import ApiError, Kube, NotFound
+from poller.kube.transport import ApiTransport, ExecOutputTooLarge, ExecRefused
 from poller.sandbox.pki import Pki, issue_client_cert, make_pki
-from poller.transport import ApiTransport, ExecOutputTooLarge, ExecRefused
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -358,7 +358,7 @@ def test_a_static_token_is_not_retried_and_a_401_is_returned(
     )
     assert get(ApiTransport.from_kubeconfig(path)) == 401
     assert len(seen) == 1
-    assert not kubeconfig.Credentials(token="bad").invalidate()  # nothing else to try
+    assert not config.Credentials(token="bad").invalidate()  # nothing else to try
 
 
 PLUGIN = """\
@@ -520,7 +520,7 @@ def test_in_cluster_reads_the_service_account_and_rereads_a_rotated_token(
         assert transport.request("GET", "/version").status == 200  # within the minute
         # A minute later, as far as the credentials can tell:
         later = SimpleNamespace(monotonic=lambda: time.monotonic() + 61, time=time.time)
-        monkeypatch.setattr(kubeconfig, "time", later)
+        monkeypatch.setattr(config, "time", later)
         assert transport.request("GET", "/version").status == 200
     tokens = [s.headers["authorization"] for s in seen]
     assert tokens == ["Bearer bound-1", "Bearer bound-1", "Bearer bound-2"]

@@ -31,7 +31,7 @@ from driver.protocol import encode_marker
 from poller import api, decide, outcome, results
 from poller.actions import ArchiveLog, DeleteJob, StoreResults
 from poller.draft import MAX_MESSAGE_CHARS, StatusDraft
-from poller.kube import ApiError, LogTail
+from poller.kube.client import ApiError, LogTail
 from poller.podreads import LOG_READ_RESULTS_BYTES
 from poller.reconciler import Reconciler
 from poller.results import parse_scores

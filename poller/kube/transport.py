@@ -3,9 +3,9 @@
 Why not the kubernetes client: importing the ``kubernetes`` package (37.x)
 costs about 44 MiB of RSS, because its ``__init__`` imports every API model,
 and the poller's budget is 150 MiB at 10000 jobs. The poller never used those
-models (`poller.kube` sends plain dicts and parses the bytes itself), only the
+models (`poller.kube.client` sends plain dicts and parses the bytes itself), only the
 client's plumbing: authentication, TLS and a connection pool. This module is
-that plumbing and nothing more; `poller.kubeconfig` reads the settings and
+that plumbing and nothing more; `poller.kube.config` reads the settings and
 credentials. The CLI, the sandbox and the tests keep the kubernetes client.
 
 `ApiTransport` is thread-safe (the poller fetches the next LIST page on a
@@ -35,8 +35,8 @@ from urllib.parse import urlencode, urlsplit
 import urllib3
 import websocket
 
-from poller import kubeconfig
-from poller.kubeconfig import Endpoint
+from poller.kube import config
+from poller.kube.config import Endpoint
 
 __all__ = ["ApiTransport", "ExecOutputTooLarge", "ExecRefused", "Response"]
 
@@ -298,9 +298,9 @@ class ApiTransport:
         return cls.from_kubeconfig(kubeconfig_path)
 
     @classmethod
-    def in_cluster(cls, root: Path = kubeconfig.SERVICE_ACCOUNT) -> ApiTransport:
+    def in_cluster(cls, root: Path = config.SERVICE_ACCOUNT) -> ApiTransport:
         """The pod's service account (token and CA under `root`)."""
-        return cls(kubeconfig.in_cluster(root))
+        return cls(config.in_cluster(root))
 
     @classmethod
     def from_kubeconfig(cls, path: Path | None = None, context: str | None = None) -> ApiTransport:
@@ -308,7 +308,7 @@ class ApiTransport:
 
         `path` None: the first file of $KUBECONFIG, else ~/.kube/config.
         """
-        return cls(kubeconfig.load(path, context))
+        return cls(config.load(path, context))
 
 
 def _query_string(query: Mapping[str, Any] | None) -> str:

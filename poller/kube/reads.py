@@ -1,12 +1,12 @@
 """The I/O layer's reads, and the one counted request every API call goes through.
 
-`poller.kube.Kube`, the only code of the poller that talks to the Kubernetes
+`poller.kube.client.Kube`, the only code of the poller that talks to the Kubernetes
 API, is this module's `KubeReads` with the writes added. The two halves are
 kept apart because different things govern them: a read decides what a
 cycle costs (requests, bytes, memory) and how much of what a job's author
 controls is let in (a log tail, an exec'd file, a ConfigMap, each under a
 byte limit); a write decides what the poller changes and on which
-precondition (`poller.kube`). Everything above the I/O layer works on plain
+precondition (`poller.kube.client`). Everything above the I/O layer works on plain
 dicts and the views in `poller.views`; everything that touches the network
 is in these two modules, which is what makes the rest testable without a
 cluster and what lets every request be counted in one place (`_request`,
@@ -14,7 +14,7 @@ and `exec_in_pod` for the one request that is not HTTP:
 `on_request(verb, resource, code)`, wired to the
 ``lmeval_kube_requests_total`` metric).
 
-Requests go through `poller.transport.ApiTransport` (authentication, TLS,
+Requests go through `poller.kube.transport.ApiTransport` (authentication, TLS,
 pooling, exec over a WebSocket) rather than the kubernetes client, whose
 import alone costs 44 MiB and whose typed models would cost more than the
 request itself for thousands of objects. Bodies go out as the plain dicts
@@ -30,7 +30,7 @@ page's continue token is known, the next page is requested on a helper
 thread, so the apiserver prepares it while this one is parsed and used; the
 pages of one LIST are still requested one after the other, and a LIST starts
 only when the previous one has ended (the parsing and the prefetch live in
-`poller.kubepages`). Other responses are parsed with ``json.loads``.
+`poller.kube.pages`). Other responses are parsed with ``json.loads``.
 """
 
 from __future__ import annotations
@@ -42,9 +42,15 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from poller import api, kubepages, kueuegate
-from poller.apierrors import ApiError, Conflict, NotFound
-from poller.transport import EXEC_MAX_STDOUT_BYTES, ApiTransport, ExecOutputTooLarge, ExecRefused
+from poller import api, kueuegate
+from poller.kube import pages
+from poller.kube.errors import ApiError, Conflict, NotFound
+from poller.kube.transport import (
+    EXEC_MAX_STDOUT_BYTES,
+    ApiTransport,
+    ExecOutputTooLarge,
+    ExecRefused,
+)
 
 __all__ = [
     "JOBS_API",
@@ -155,7 +161,7 @@ class KubeReads:
         resource: str,
         page: TypeAdapter[Any],
         page_size: int = PAGE_SIZE,
-        unchanged: kubepages.Unchanged | None = None,
+        unchanged: pages.Unchanged | None = None,
         **query: Any,
     ) -> Iterator[dict[str, Any]]:
         """Every item, one page at a time, the next page already on its way (the
@@ -171,7 +177,7 @@ class KubeReads:
                 query={**query, "limit": page_size, "continue": token},
             )
 
-        return kubepages.paged(fetch, page, unchanged)
+        return pages.paged(fetch, page, unchanged)
 
     def list_jobs(
         self,
@@ -179,7 +185,7 @@ class KubeReads:
         *,
         field_selector: str | None = None,
         page_size: int = PAGE_SIZE,
-        unchanged: kubepages.Unchanged | None = None,
+        unchanged: pages.Unchanged | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Every LMEvalJob (in `namespace`, or in all namespaces) that `field_selector`
         selects (the CRD makes status.state selectable), as `JobObject`s (metadata
@@ -188,7 +194,7 @@ class KubeReads:
         return self._list(
             f"{JOBS_API}{where}/{api.PLURAL}",
             api.PLURAL,
-            kubepages.JOB_PAGE,
+            pages.JOB_PAGE,
             page_size,
             unchanged,
             fieldSelector=field_selector,
@@ -215,7 +221,7 @@ class KubeReads:
         where = f"/namespaces/{namespace}" if namespace else ""
         path = f"{JOBS_API}{where}/{api.PLURAL}"
         accept = _METADATA_LIST if metadata_only else "application/json"
-        adapter = kubepages.METADATA_PAGE if metadata_only else kubepages.JOB_PAGE
+        adapter = pages.METADATA_PAGE if metadata_only else pages.JOB_PAGE
         inconsistent = False
         for _ in range(2):
             query = {"fieldSelector": field_selector, "limit": limit, "continue": token}
@@ -244,7 +250,7 @@ class KubeReads:
             resource=api.PLURAL,
             query={"fieldSelector": f"metadata.name={name}", "limit": 1},
         )
-        items: list[dict[str, Any]] = kubepages.JOB_PAGE.validate_json(raw).get("items") or []
+        items: list[dict[str, Any]] = pages.JOB_PAGE.validate_json(raw).get("items") or []
         return items[0] if items else None
 
     def list_pods(
@@ -254,7 +260,7 @@ class KubeReads:
         *,
         field_selector: str | None = None,
         page_size: int = PAGE_SIZE,
-        unchanged: kubepages.Unchanged | None = None,
+        unchanged: pages.Unchanged | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Pods matching `label_selector` and `field_selector` (in `namespace`, or
         everywhere), as `PodObject`s (metadata only on a page that `unchanged`
@@ -263,7 +269,7 @@ class KubeReads:
         return self._list(
             f"/api/v1{where}/pods",
             "pods",
-            kubepages.POD_PAGE,
+            pages.POD_PAGE,
             page_size,
             unchanged,
             labelSelector=label_selector,
@@ -279,7 +285,7 @@ class KubeReads:
         return self._list(
             f"{KUEUE_API}{where}/workloads",
             "workloads",
-            kubepages.WORKLOAD_PAGE,
+            pages.WORKLOAD_PAGE,
             labelSelector=label_selector,
         )
 
@@ -372,7 +378,7 @@ class KubeReads:
             resource="pods",
             query={"fieldSelector": f"metadata.name={name}", "limit": 1},
         )
-        items: list[dict[str, Any]] = kubepages.POD_PAGE.validate_json(raw).get("items") or []
+        items: list[dict[str, Any]] = pages.POD_PAGE.validate_json(raw).get("items") or []
         return items[0] if items else None
 
     def read_log_tail(

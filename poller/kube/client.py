@@ -3,7 +3,7 @@
 Everything above the I/O layer reaches the API through a `Kube`: the cycle's
 reads (`poller.observe`), its actions (`poller.act`, `poller.statuswrites`),
 the leader's Lease (`poller.leader`). Its reads, and the counted request
-every call goes through, are `poller.kubereads.KubeReads`; this module adds
+every call goes through, are `poller.kube.reads.KubeReads`; this module adds
 what changes the cluster: creating, patching, replacing and deleting
 objects, and recording Events. The writes are kept together, apart from the
 reads, because each one is a decision about concurrency and ownership
@@ -16,7 +16,7 @@ updated when its controller is the manifest's (else NotOwned).
 
 The names callers use with a `Kube` (the errors, `JobsPage`, `LogTail`,
 `PAGE_SIZE`) are importable from here, so no caller imports
-`poller.kubereads`.
+`poller.kube.reads`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import json
 import uuid
 from typing import Any
 
-from poller import api, kubepages, timefmt
-from poller.apierrors import ApiError, Conflict, NotFound, NotOwned
-from poller.kubereads import JOBS_API, KUEUE_API, PAGE_SIZE, JobsPage, KubeReads, LogTail
+from poller import api, timefmt
+from poller.kube import pages
+from poller.kube.errors import ApiError, Conflict, NotFound, NotOwned
+from poller.kube.reads import JOBS_API, KUEUE_API, PAGE_SIZE, JobsPage, KubeReads, LogTail
 from poller.ownership import controller_text, controller_uid
 
 __all__ = [
@@ -64,7 +65,7 @@ class Kube(KubeReads):
             )
         except Conflict:
             return None
-        created: dict[str, Any] = kubepages.POD.validate_json(raw)
+        created: dict[str, Any] = pages.POD.validate_json(raw)
         return created
 
     def create_secret(

@@ -1,6 +1,6 @@
 """Where the poller's connection settings and credentials come from.
 
-`poller.transport.ApiTransport` connects to an `Endpoint`; this module makes
+`poller.kube.transport.ApiTransport` connects to an `Endpoint`; this module makes
 one from a kubeconfig file or from the pod's service account, without the
 kubernetes package (see the transport's docstring for why).
 

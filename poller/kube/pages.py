@@ -1,6 +1,6 @@
 """LIST pages: parsed in one pass into what the views read, the next one prefetched.
 
-`poller.kubereads` requests the pages (the reads of `poller.kube.Kube`, the
+`poller.kube.reads` requests the pages (the reads of `poller.kube.client.Kube`, the
 one class that talks to the API); this module is what it does with them,
 kept apart because it is the part that decides a cycle's memory: a page is
 parsed straight into the shape the views read (`poller.views.JobObject`,
