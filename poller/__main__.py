@@ -21,13 +21,13 @@ from pathlib import Path
 from types import FrameType
 
 from poller import buildinfo, heap
+from poller.api.settings import SettingsTracker, install_defaults
 from poller.kube.client import Kube
 from poller.kube.transport import ApiTransport
 from poller.leader import LeaderElector
 from poller.metrics import PollerMetrics, serve
 from poller.reconciler import Reconciler
 from poller.service import PollingService
-from poller.settings import SettingsTracker, install_defaults
 
 __all__ = ["main"]
 

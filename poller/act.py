@@ -44,11 +44,11 @@ from poller.actions import (
     StoreResults,
 )
 from poller.api import JobState
+from poller.api.settings import Settings
 from poller.identity import PodProof
 from poller.kube.client import ApiError, Conflict, Kube, NotOwned
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
 from poller.podreads import PodReads
-from poller.settings import Settings
 from poller.statuswrites import AdmittedPod, StatusWrites, with_outcome_of_actions
 from poller.views import JobView, PodView, controller_reference, pod_fingerprint
 

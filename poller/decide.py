@@ -47,13 +47,13 @@ from poller.actions import (
     ReleaseHold,
     StoreResults,
 )
+from poller.api.settings import Settings
 from poller.draft import StatusDraft
 from poller.gate import GateView
 from poller.kueuegate import KueueView
 from poller.ownership import altered_pod_message, foreign_pod_message, judge_pod
 from poller.routing import Step, deadline_exceeded, route, submitted_for
 from poller.scheduling import adopt, decide_failure, job_pod, queued, schedule
-from poller.settings import Settings
 from poller.timefmt import seconds_between
 from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 

@@ -52,13 +52,13 @@ from typing import Any
 
 from poller import api, kueuegate, outcome, podspec, results
 from poller.actions import LogRequest, Needs
+from poller.api.settings import Settings
 from poller.gate import GateView, ItemsRead, baseline_name
 from poller.kube.client import ApiError, Kube, NotFound
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.ownership import controller_uid
 from poller.podreads import PodReads
 from poller.retained import JobKey, RetainedJobs
-from poller.settings import Settings
 from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 
 __all__ = [

@@ -27,8 +27,8 @@ from driver.decoder import DecodedLog, Outcome
 from driver.itemscores import ItemScores
 from poller import api, itemstore, podgit, podspec, provenance, results
 from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
+from poller.api.settings import Settings
 from poller.draft import StatusDraft
-from poller.settings import Settings
 from poller.views import ExecView, JobView, LogView, PodView
 
 __all__ = [

@@ -12,8 +12,9 @@ allowCodeExecution), as does the size preset that picks the device.
 
 from __future__ import annotations
 
-from poller import api, podgit, podtls, specrules
-from poller.settings import Settings
+from poller import api, podgit, podtls
+from poller.api import rules
+from poller.api.settings import Settings
 
 __all__ = ["CUSTOM_TASKS_ROOT", "JobPodError", "lm_eval_argv", "resources_for"]
 
@@ -46,7 +47,7 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
     # The schema refuses it too; checked here because the argv is where it would
     # take effect (a job stored under an older schema ends Failed, same words).
     pairs = [(pair.name, pair.value) for pair in spec.model_args or []]
-    if problem := specrules.remote_code_problem(pairs, spec.allow_code_execution):
+    if problem := rules.remote_code_problem(pairs, spec.allow_code_execution):
         raise JobPodError(problem)
     argv = [f"--model={spec.model}", f"--tasks={','.join(spec.tasks)}"]
     if spec.model_args:

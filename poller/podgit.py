@@ -50,7 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from poller import api
-from poller.settings import Settings
+from poller.api.settings import Settings
 
 __all__ = [
     "CLONE_ROOT",

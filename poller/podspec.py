@@ -25,14 +25,14 @@ from typing import Any
 
 from driver import protocol
 from poller import api, podgit, podoci, podstorage, podtls
-from poller.podargv import CUSTOM_TASKS_ROOT, JobPodError, lm_eval_argv, resources_for
-from poller.settings import Settings
-from poller.specrules import (
+from poller.api.rules import (
     CODE_EVAL_ENV,
     OFFLINE_ENV,
     env_name_problem,
     node_env_name_problem,
 )
+from poller.api.settings import Settings
+from poller.podargv import CUSTOM_TASKS_ROOT, JobPodError, lm_eval_argv, resources_for
 
 __all__ = [
     "CUSTOM_TASKS_ROOT",

@@ -22,7 +22,7 @@ from typing import Any
 
 from driver import protocol
 from poller import api
-from poller.settings import Settings
+from poller.api.settings import Settings
 
 __all__ = [
     "MODEL_CA_DIR",

@@ -50,6 +50,7 @@ from poller import api, poison, timefmt
 from poller import decide as decisions
 from poller.act import Actuator
 from poller.actions import Decision, Needs
+from poller.api.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.gate import GateView
 from poller.identity import PodProof, load_pod_proof
 from poller.jobseries import JobSeries
@@ -59,7 +60,6 @@ from poller.observe import Observed, Observer
 from poller.podreads import PodReads
 from poller.queue import plan_queue
 from poller.retained import RetainedJobs, record_of
-from poller.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.statuswrites import StatusWrites
 from poller.sweep import FinishedSweep, SweepReport
 from poller.views import JobView, PodView, QueueSlot

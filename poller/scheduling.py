@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 from poller import api, kueuegate, podspec
 from poller.actions import CreatePod, Decision
+from poller.api.settings import Settings
 from poller.draft import StatusDraft
 from poller.kueuegate import KueueView
-from poller.settings import Settings
 from poller.timefmt import seconds_between
 from poller.views import JobView, PodView, QueueSlot
 

@@ -40,9 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from poller import api
+from poller.api.settings import Settings
 from poller.kube.client import PAGE_SIZE, Kube
 from poller.retained import RetainedJobs, compact_version, record_of
-from poller.settings import Settings
 from poller.views import JobView
 
 __all__ = ["FINISHED_JOBS", "FinishedSweep", "SweepReport"]

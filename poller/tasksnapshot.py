@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from poller import api, podspec, podstorage, taskcode
+from poller.api.settings import CONFIGMAP_NAME, Settings
 from poller.kube.client import ApiError, Kube
 from poller.ownership import not_the_jobs
-from poller.settings import CONFIGMAP_NAME, Settings
 from poller.views import JobView
 
 __all__ = [

@@ -24,6 +24,7 @@ from kubernetes import client
 
 from driver.protocol import encode_marker, encode_results
 from poller import api
+from poller.api.settings import CONFIGMAP_NAME
 from poller.kube.client import Kube
 from poller.kube.transport import ApiTransport
 from poller.reconciler import CycleReport, Reconciler
@@ -31,7 +32,6 @@ from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.crd import CRD_PATH
 from poller.sandbox.identities import service_account_kubeconfig
-from poller.settings import CONFIGMAP_NAME
 from tests.driver.conftest import child_env, plain_rows, write_tasks
 from tests.waiting import wait_for
 

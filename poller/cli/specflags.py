@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from poller.api.settings import parse_duration
 from poller.cli.errors import CliError, ExitCode
-from poller.settings import parse_duration
 
 __all__ = [
     "chat_template",

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from poller import api
+from poller.api.settings import parse_duration
 from poller.cli import facts
 from poller.cli.errors import CliError, ExitCode
-from poller.settings import parse_duration
 
 __all__ = [
     "WAIT_DEFAULT_TIMEOUT",

@@ -25,12 +25,12 @@ from typing import Any
 import yaml
 
 from poller import api
+from poller.api.settings import CONFIGMAP_NAME
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.crd import CRD_PATH
 from poller.sandbox.identities import service_account_kubeconfig
 from poller.sandbox.runner import NODE_NAME
 from poller.sandbox.supervise import http_ok
-from poller.settings import CONFIGMAP_NAME
 
 __all__ = [
     "METRICS_PORT",

@@ -51,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from poller.settings import CONFIGMAP_NAME, Settings
+from poller.api.settings import CONFIGMAP_NAME, Settings
 
 __all__ = [
     "CHART_DIR",
@@ -68,7 +68,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_DIR = REPO_ROOT / "deploy"
 CHART_NAME = "lmeval-poller"
 CHART_DIR = DEPLOY_DIR / "helm" / CHART_NAME
-# The Deployment's variable naming the job pods' default image (poller/settings.py).
+# The Deployment's variable naming the job pods' default image (poller/api/settings.py).
 JOB_IMAGE_ENV = "LMEVAL_DEFAULT_POD_IMAGE"
 # A DNS label no manifest uses: the job-namespace component is rendered for it.
 _JOB_NS_PLACEHOLDER = "lmeval-chart-job-namespace"

@@ -93,6 +93,7 @@ sys.path.append(str(REPO_ROOT))
 
 from driver import protocol  # noqa: E402
 from poller import api, kueuegate, podspec  # noqa: E402
+from poller.api.settings import CONFIGMAP_NAME, Settings  # noqa: E402
 from poller.kube.client import PAGE_SIZE, Kube  # noqa: E402
 from poller.kube.transport import ApiTransport  # noqa: E402
 from poller.observe import MANAGED_SELECTOR  # noqa: E402
@@ -103,7 +104,6 @@ from poller.sandbox.controlplane import ControlPlane  # noqa: E402
 from poller.sandbox.crd import CRD_PATH  # noqa: E402
 from poller.sandbox.identities import service_account_kubeconfig  # noqa: E402
 from poller.sandbox.kueue import KueueServer  # noqa: E402
-from poller.settings import CONFIGMAP_NAME, Settings  # noqa: E402
 
 POLLER_NS = "lmeval-system"
 POLLER_SA = "lmeval-poller"

@@ -139,7 +139,7 @@ def test_code_runs_with_both_switches_from_an_immutable_snapshot(
     # A second attempt (a retried cycle, a resume) adopts the same content.
     settings = poller.settings
     job = JobView.from_object(jobs.get("trusted"))
-    assert tasksnapshot.prepare_custom_tasks(poller.kube.client, job, settings) is None
+    assert tasksnapshot.prepare_custom_tasks(poller.kube, job, settings) is None
 
     # The source changes after the pod was made: what the pod mounts does not.
     source.data = {"task.yaml": CODE_TASK.replace("utils.keep", "evil.run"), "evil.py": "1"}
@@ -152,7 +152,7 @@ def test_code_runs_with_both_switches_from_an_immutable_snapshot(
         )
     assert refused.value.status == 422 and "immutable" in str(refused.value.body)
     # A later attempt no longer matches the source: it refuses to run either.
-    problem = tasksnapshot.prepare_custom_tasks(poller.kube.client, job, settings)
+    problem = tasksnapshot.prepare_custom_tasks(poller.kube, job, settings)
     assert problem is not None and snapshot_name in problem and "changed since" in problem
 
     # The snapshot goes with its job (the controller-manager's garbage collector).

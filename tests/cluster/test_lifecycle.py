@@ -405,7 +405,7 @@ def test_progress_reads_are_capped_and_wait_for_transitions(
         what="z-done's container terminated",
     )
     # A fresh poller: every running job is due a progress read, one is allowed.
-    kube = _RecordingKube(poller.kube.client)
+    kube = _RecordingKube(poller.kube)
     fresh = Reconciler(kube, settings_namespace=POLLER_NS, namespaces=[namespace])
     report = fresh.run_cycle()
     assert report.errors == 0, report.error_messages

@@ -126,12 +126,12 @@ def test_the_poller_reads_both_jobs_items_and_decides_once(poller: Reconciler, j
         name: jobs.get(name)["metadata"]["resourceVersion"] for name in ("cand", "cand-plain")
     }
     requests: list[tuple[str, str]] = []
-    hook = poller.kube.client.on_request
-    poller.kube.client.on_request = lambda verb, resource, code: requests.append((verb, resource))
+    hook = poller.kube.on_request
+    poller.kube.on_request = lambda verb, resource, code: requests.append((verb, resource))
     try:
         report = poller.run_cycle()
     finally:
-        poller.kube.client.on_request = hook
+        poller.kube.on_request = hook
     assert report.errors == 0, report.error_messages
     assert requests.count(("get", "configmaps")) == 1  # the settings, no results ConfigMap
     assert {name: jobs.get(name)["metadata"]["resourceVersion"] for name in before} == before

@@ -1,6 +1,6 @@
 """The real apiserver refuses variables that load code and trust_remote_code (issue 28, items 5, 7).
 
-The CRD generated from ``poller/specrules.py`` carries the rules as CEL; here
+The CRD generated from ``poller/api/rules.py`` carries the rules as CEL; here
 the apiserver runs them. Checks:
 
 - a job naming one variable of each family (``OPENSSL_CONF``,
@@ -30,7 +30,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from poller import api, specrules
+from poller import api
+from poller.api import rules
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import job_body
 from tests.unit.test_code_loading_rules import ADMITTED
@@ -59,7 +60,7 @@ def _secret(env: str) -> dict[str, Any]:
 
 
 def _family(name: str) -> str:
-    (reason,) = (f.reason for f in specrules.ENV_FAMILIES if f.holds(name))
+    (reason,) = (f.reason for f in rules.ENV_FAMILIES if f.holds(name))
     return reason
 
 
@@ -97,20 +98,20 @@ def test_each_family_is_refused_naming_it(
 
 
 def _names() -> list[str]:
-    names = {n for family in specrules.ENV_FAMILIES for n in family.names}
-    for family in specrules.ENV_FAMILIES:
+    names = {n for family in rules.ENV_FAMILIES for n in family.names}
+    for family in rules.ENV_FAMILIES:
         names |= {p + "X" for p in family.prefixes} | {p.rstrip("_") for p in family.prefixes}
-    return sorted(names | set(specrules.ALLOWED_PYTHON_ENV) | set(ADMITTED))
+    return sorted(names | set(rules.ALLOWED_PYTHON_ENV) | set(ADMITTED))
 
 
 def test_the_apiserver_and_python_agree_on_every_name(
     poller_installed: ControlPlane, admin_api: client.ApiClient, namespace: str
 ) -> None:
     names = _names()
-    for start in range(0, len(names), specrules.CONTAINER_ENV_ITEMS_MAX):
-        chunk = names[start : start + specrules.CONTAINER_ENV_ITEMS_MAX]
+    for start in range(0, len(names), rules.CONTAINER_ENV_ITEMS_MAX):
+        chunk = names[start : start + rules.CONTAINER_ENV_ITEMS_MAX]
         env = [{"name": name, "value": "1"} for name in chunk]
-        expected = {i for i, name in enumerate(chunk) if specrules.env_name_problem(name)}
+        expected = {i for i, name in enumerate(chunk) if rules.env_name_problem(name)}
         assert expected and len(expected) < len(chunk)
         code, message = _create(admin_api, namespace, pod={"env": env})
         assert code == 422, (code, message)

@@ -9,7 +9,7 @@ annotation keys the poller stamps itself, and per-container seccomp
 annotations; and a fileSecret mounted over code (site-packages, the driver),
 which loads into the driver as surely as LD_PRELOAD. Checks: the apiserver
 refuses each with 422 and a message that names the field (the patterns and
-the CEL rules generated from ``poller/api.py`` and ``poller/specrules.py``);
+the CEL rules generated from ``poller/api/lmevaljob.py`` and ``poller/api/rules.py``);
 the nearest legitimate value is admitted; and the CRD's CEL rules fit the
 apiserver's cost budget (it accepted the CRD at all).
 """

@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 import yaml
 
+from poller.api.settings import CONFIGMAP_NAME, Settings
 from poller.sandbox import chart, helm
-from poller.settings import CONFIGMAP_NAME, Settings
 from tests.deploy.conftest import DEPLOY, OVERLAYS, POLLER_NS, REPO, Manifest, documents, kustomize
 
 CHART = chart.CHART_DIR

@@ -65,9 +65,9 @@ import pytest
 from packaging.requirements import Requirement
 
 from poller import podspec
+from poller.api.settings import Settings
 from poller.sandbox import images
 from poller.sandbox.version import current as current_version
-from poller.settings import Settings
 from tests.deploy.conftest import DEPLOY, REPO, find, yaml_file
 
 DOCKERFILE = REPO / "Dockerfile"

@@ -21,9 +21,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api
+from poller.api.settings import Settings
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, service_account_kubeconfig
-from poller.settings import Settings
 from tests.deploy.conftest import DEPLOY, documents
 
 pytestmark = pytest.mark.cluster

@@ -28,8 +28,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from poller.api.settings import CONFIGMAP_NAME
 from poller.sandbox.controlplane import ControlPlane
-from poller.settings import CONFIGMAP_NAME
 from tests.deploy.conftest import OVERLAYS, POLLER_NS, documents
 from tests.waiting import wait_for
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from poller import api
-from poller.settings import CONFIGMAP_NAME, Settings
+from poller.api.settings import CONFIGMAP_NAME, Settings
 from tests.deploy.conftest import (
     DEPLOY,
     POLLER_NS,
@@ -239,7 +239,7 @@ def test_settings_configmap_sets_nothing_and_documents_every_default() -> None:
 
 
 def test_release_job_image_is_an_install_default_under_the_configmap() -> None:
-    from poller.settings import INSTALL_DEFAULT_ENV
+    from poller.api.settings import INSTALL_DEFAULT_ENV
 
     (deployment,) = [
         d for d in yaml_file(DEPLOY / "base" / "deployment.yaml") if d["kind"] == "Deployment"

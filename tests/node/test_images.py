@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from poller import api, podspec
+from poller.api.settings import Settings
 from poller.sandbox import images
-from poller.settings import Settings
 
 pytestmark = [pytest.mark.node]
 

@@ -35,10 +35,11 @@ import pytest
 from pydantic import ValidationError
 
 from driver import protocol
-from poller import api, decide, podargv, podspec, specrules
+from poller import api, decide, podargv, podspec
 from poller.actions import CreatePod, PatchStatus
+from poller.api import rules as specrules
+from poller.api.settings import Settings
 from poller.sandbox import crd
-from poller.settings import Settings
 from poller.timefmt import format_time
 from poller.views import JobView
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from poller import api, gate, outcome
-from poller.apistatus import REASON_DOCS, STATE_DOCS
+from poller.api.status import REASON_DOCS, STATE_DOCS
 from poller.sandbox import crd
 
 # Long enough to say something; short enough that kubectl explain stays readable

@@ -34,10 +34,10 @@ from poller.actions import (
     ReleaseHold,
     StoreResults,
 )
+from poller.api.settings import Settings
 from poller.draft import set_condition
 from poller.ownership import PodTrust, judge_pod
 from poller.scheduling import EXACT_QUEUE_POSITIONS, queue_message
-from poller.settings import Settings
 from poller.timefmt import format_time
 from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 

@@ -16,7 +16,7 @@ import pytest
 from driver import __main__ as driver_cli
 from driver import protocol
 from poller import api, podspec
-from poller.settings import Settings
+from poller.api.settings import Settings
 
 
 def _spec(**fields: Any) -> api.LMEvalJobSpec:

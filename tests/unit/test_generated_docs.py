@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from poller import settings
+from poller.api import settings
 from poller.sandbox import crd, docs
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ variables and empty values give nothing.
 
 from __future__ import annotations
 
-from poller.settings import INSTALL_DEFAULT_ENV, Settings, SettingsTracker, install_defaults
+from poller.api.settings import INSTALL_DEFAULT_ENV, Settings, SettingsTracker, install_defaults
 
 RELEASE_JOB_IMAGE = "registry.example/lmeval/lmeval-job:0.2.0@sha256:" + "a" * 64
 

@@ -33,7 +33,7 @@ from driver.itemscores import (
 from driver.protocol import encode_marker, encode_results
 from poller import itemstore, outcome, results
 from poller.actions import StoreResults
-from poller.settings import Settings
+from poller.api.settings import Settings
 from poller.views import ContainerView, ExecView, LogView
 from tests.unit.test_decide import NOW, job, pod, running_status, status_of
 

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from poller import api, podspec
+from poller.api.settings import Settings
 from poller.sandbox.podfs import expand_vars
-from poller.settings import Settings
 
 ENV = {"SOME_VAR": "true,verify_certificate=False", "X": "expanded", "HOME": "/tmp"}
 TRICKY = [

@@ -31,9 +31,9 @@ from poller.actions import (
     PatchStatus,
     PatchWorkloadStatus,
 )
+from poller.api.settings import Settings
 from poller.kube.errors import ApiError, Conflict
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
-from poller.settings import Settings
 from poller.timefmt import format_time
 from poller.views import JobView
 from tests.unit.test_decide import NOW, condition, pod, running_status, status_of

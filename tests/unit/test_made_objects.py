@@ -30,11 +30,11 @@ import pytest
 
 from poller import api, ownership, podspec, podstorage, results
 from poller.act import Actuator
+from poller.api.settings import Settings
 from poller.identity import PodProof
 from poller.kube.client import Conflict
 from poller.podreads import PodReads
 from poller.scheduling import decide_failure, schedule
-from poller.settings import Settings
 from poller.statuswrites import StatusWrites
 from poller.views import JobView
 

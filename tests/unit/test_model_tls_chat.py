@@ -19,9 +19,9 @@ from pydantic import ValidationError
 
 from driver import protocol, trust
 from poller import api, podspec, podtls
+from poller.api.settings import Settings
 from poller.sandbox import crd
 from poller.sandbox.pki import serving_ca
-from poller.settings import Settings
 
 CM_BUNDLE = {"configMapKeyRef": {"name": "service-ca", "key": "service-ca.crt"}}
 SECRET_BUNDLE = {"secretKeyRef": {"name": "model-ca", "key": "ca.crt"}}

@@ -26,11 +26,11 @@ import pytest
 from driver.protocol import encode_marker, encode_results
 from poller import decide, outcome, podspec
 from poller.actions import Decision, LogRequest, Needs
+from poller.api.settings import Settings
 from poller.identity import KEY_FIELD, PodProof
 from poller.kube.client import JobsPage, LogTail
 from poller.reconciler import Reconciler
 from poller.routing import Step, route
-from poller.settings import Settings
 from poller.views import PROOF_ANNOTATION
 from tests.unit.test_decide import NOW, SETTINGS, job, log_view, pod, running_status
 

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from driver import ocipush
 from driver.decoder import Outcome
 from poller import api, outcome, podoci, podspec
+from poller.api.settings import Settings
 from poller.draft import StatusDraft
-from poller.settings import Settings
 from poller.views import JobView
 
 DIGEST = "sha256:" + "a" * 64

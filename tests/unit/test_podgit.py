@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from driver import protocol
 from driver.provenance import read_task_sources
 from poller import api, podgit, podspec
-from poller.settings import Settings
+from poller.api.settings import Settings
 
 SHA = "3039f5ab07bd1865078460dbf92219adbcd1c2b3"
 URL = "https://git.example.com/org/tasks.git"

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from driver import protocol
 from poller import api, podspec, podstorage
-from poller.settings import Settings
+from poller.api.settings import Settings
 
 
 def _spec(**fields: Any) -> api.LMEvalJobSpec:

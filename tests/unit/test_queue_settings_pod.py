@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from poller import api, podspec, results
+from poller.api.settings import Settings, SettingsTracker, parse_duration
 from poller.queue import fair_order, plan_queue
 from poller.sandbox import crd
-from poller.settings import Settings, SettingsTracker, parse_duration
 from poller.views import ContainerView, JobView, PodView
 
 

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from poller import settings as settings_module
-from poller.settings import (
+from poller.api import settings as settings_module
+from poller.api.settings import (
     MAX_PROBLEMS_LISTED,
     MAX_VALUE_CHARS,
     MAX_YAML_DEPTH,

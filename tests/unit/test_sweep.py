@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from poller.api.settings import Settings
 from poller.kube.client import JobsPage
 from poller.retained import RetainedJobs
-from poller.settings import Settings
 from poller.sweep import FINISHED_JOBS, FinishedSweep
 
 STATUS = {

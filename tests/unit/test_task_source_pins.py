@@ -25,7 +25,7 @@ import pytest
 from driver.protocol import encode_marker, encode_results
 from poller import api, decide, outcome
 from poller.actions import ArchiveLog, DeletePod, ReleaseHold, StoreResults
-from poller.settings import Settings
+from poller.api.settings import Settings
 from poller.views import ExecView
 from tests.unit.test_decide import (
     NOW,

@@ -294,7 +294,7 @@ def test_snapshot_names_are_deterministic_distinct_and_valid() -> None:
 
 
 def test_the_pod_mounts_the_snapshot_at_the_source_path() -> None:
-    from poller.settings import Settings
+    from poller.api.settings import Settings
 
     job = _job()
     pod = podspec.build_pod(

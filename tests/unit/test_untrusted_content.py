@@ -30,12 +30,12 @@ from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api, decide, outcome, results
 from poller.actions import ArchiveLog, DeleteJob, StoreResults
+from poller.api.settings import Settings
 from poller.draft import MAX_MESSAGE_CHARS, StatusDraft
 from poller.kube.client import ApiError, LogTail
 from poller.podreads import LOG_READ_RESULTS_BYTES
 from poller.reconciler import Reconciler
 from poller.results import parse_scores
-from poller.settings import Settings
 from poller.views import ExecView, JobView, LogView
 from tests import hostile_logs
 from tests.unit.test_decide import (

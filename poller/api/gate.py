@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from poller.apibase import TASK_NAME, _Model
+from poller.api.base import TASK_NAME, _Model
 
 __all__ = ["DEFAULT_GATE_METRIC", "GATE_METRIC", "GateStatus", "RegressionGate"]
 

@@ -24,8 +24,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from poller.apibase import _Model
-from poller.apigate import GateStatus
+from poller.api.base import _Model
+from poller.api.gate import GateStatus
 
 __all__ = [
     "PROVENANCE_ARGV_MAX",

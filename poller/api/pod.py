@@ -10,8 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from poller import specrules as rules
-from poller.apibase import (
+from poller.api import rules
+from poller.api.base import (
     _QUALIFIED,
     DNS_LABEL,
     DNS_SUBDOMAIN,

@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from poller import specrules as rules
+from poller.api import rules
 
 __all__ = [
     "API_GROUP",

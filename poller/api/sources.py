@@ -11,8 +11,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from poller import specrules as rules
-from poller.apibase import (
+from poller.api import rules
+from poller.api.base import (
     DATA_KEY,
     DNS_SUBDOMAIN,
     GIT_COMMIT,
