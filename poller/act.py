@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from poller import api, podspec, podstorage, results, tasksnapshot
+from poller import api, podspec, podstorage, tasksnapshot
 from poller.actions import (
     ArchiveLog,
     CreatePod,
@@ -49,6 +49,7 @@ from poller.identity import PodProof
 from poller.kube.client import ApiError, Conflict, Kube, NotOwned
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
 from poller.podreads import PodReads
+from poller.results import lmeval
 from poller.statuswrites import AdmittedPod, StatusWrites, with_outcome_of_actions
 from poller.views import JobView, PodView, controller_reference, pod_fingerprint
 
@@ -246,7 +247,7 @@ class Actuator:
         never be written there (`Kube.apply_configmap`), and the job should
         not run to find that out.
         """
-        name = results.results_configmap_name(job.name)
+        name = lmeval.results_configmap_name(job.name)
         found = self.kube.read_configmap(job.namespace, name)
         if found is None or (why := not_the_jobs(found, job.uid)) is None:
             return None

@@ -4,7 +4,7 @@ Why a module of its own: a pipeline that promotes a model wants one answer
 it can wait on, and an aggregate score cannot give it (two runs differ by a
 point or two by chance alone). So once a gated job and its baseline have
 both succeeded, the poller pairs their per-item scores over the same
-documents (`poller.pairedstats`) and sets condition ``Regressed``: True when
+documents (`poller.results.pairedstats`) and sets condition ``Regressed``: True when
 the score dropped by more than ``maxDrop`` with a p-value below ``alpha``,
 False when the comparison ran and did not show that, Unknown with a reason
 otherwise. Never a silent pass: only a computed comparison sets False.
@@ -46,8 +46,9 @@ from pydantic import ValidationError
 
 from driver.itemscores import ITEM_SCORES_LIMITS, TaskItems, decode_item_scores
 from driver.protocol import parse_results_json
-from poller import api, pairedstats, results
+from poller import api
 from poller.draft import StatusDraft
+from poller.results import lmeval, pairedstats
 from poller.views import JobView
 
 __all__ = [
@@ -210,7 +211,7 @@ def needs_items(job: JobView, view: GateView) -> bool:
 def unpack_items(encoded: str) -> bytes:
     """The driver's JSON from the ITEMS_KEY binaryData value: base64, then gzip, at
     most the decoder's byte limit (raises ValueError saying what is wrong)."""
-    return results.gunzip_base64(encoded, ITEM_SCORES_LIMITS.max_bytes, results.ITEMS_KEY)
+    return lmeval.gunzip_base64(encoded, ITEM_SCORES_LIMITS.max_bytes, lmeval.ITEMS_KEY)
 
 
 def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:
@@ -220,7 +221,7 @@ def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:
         return None
     try:
         if read.results_packed:
-            return parse_results_json(results.packed_results_text(read.results))
+            return parse_results_json(lmeval.packed_results_text(read.results))
         return parse_results_json(read.results)
     except ValueError:
         return None

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from sys import intern
 
 from poller import api
-from poller.results import Score
+from poller.results.lmeval import Score
 from poller.timefmt import timestamp
 from poller.views import JobView
 
 __all__ = ["GateSeries", "JobSeries", "ScoreKey", "series_of"]
 
-# One score's name: (task, metric, filter, stderr), as in `poller.results.Score`.
+# One score's name: (task, metric, filter, stderr), as in `poller.results.lmeval.Score`.
 ScoreKey = tuple[str, str, str, bool]
 
 # Score layouts are shared between jobs (a suite's jobs all have the same
@@ -96,7 +96,7 @@ class JobSeries:
 
     @property
     def results(self) -> tuple[Score, ...]:
-        """The scores as `poller.results.Score`s (built on each call)."""
+        """The scores as `poller.results.lmeval.Score`s (built on each call)."""
         return tuple(
             Score(task, metric, filter_name, value, stderr)
             for (task, metric, filter_name, stderr), value in self.scores()

@@ -50,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from poller import api, kueuegate, outcome, podspec, results
+from poller import api, kueuegate, outcome, podspec
 from poller.actions import LogRequest, Needs
 from poller.api.settings import Settings
 from poller.gate import GateView, ItemsRead, baseline_name
@@ -58,6 +58,7 @@ from poller.kube.client import ApiError, Kube, NotFound
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.ownership import controller_uid
 from poller.podreads import PodReads
+from poller.results import lmeval
 from poller.retained import JobKey, RetainedJobs
 from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 
@@ -425,7 +426,7 @@ class Observer:
         one under the name first). A transient API error propagates: the job
         is decided again next cycle.
         """
-        configmap = results.results_configmap_name(name)
+        configmap = lmeval.results_configmap_name(name)
         try:
             found = self.kube.read_configmap(namespace, configmap, max_bytes=ITEMS_READ_MAX)
         except ApiError as error:
@@ -440,11 +441,11 @@ class Observer:
         if controller_uid(found) != uid:
             return ItemsRead(problem=f"ConfigMap {configmap} is not owned by LMEvalJob {name}")
         binary = found.get("binaryData") or {}
-        encoded = binary.get(results.ITEMS_KEY)
+        encoded = binary.get(lmeval.ITEMS_KEY)
         if not isinstance(encoded, str):
-            return ItemsRead(problem=f"ConfigMap {configmap} has no {results.ITEMS_KEY}")
-        text = (found.get("data") or {}).get(results.RESULTS_KEY)
-        packed = binary.get(results.RESULTS_GZ_KEY)
+            return ItemsRead(problem=f"ConfigMap {configmap} has no {lmeval.ITEMS_KEY}")
+        text = (found.get("data") or {}).get(lmeval.RESULTS_KEY)
+        packed = binary.get(lmeval.RESULTS_GZ_KEY)
         if isinstance(text, str):
             return ItemsRead(encoded=encoded, results=text)
         if isinstance(packed, str):

@@ -25,10 +25,11 @@ from typing import Any
 from driver import protocol
 from driver.decoder import DecodedLog, Outcome
 from driver.itemscores import ItemScores
-from poller import api, itemstore, podgit, podspec, provenance, results
+from poller import api, podgit, podspec
 from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
 from poller.api.settings import Settings
 from poller.draft import StatusDraft
+from poller.results import itemstore, lmeval, provenance
 from poller.views import ExecView, JobView, LogView, PodView
 
 __all__ = [
@@ -401,12 +402,12 @@ def _store_results(
     record = record_provenance(pod, decoded, draft, found, items.scores)
     # What is stored is lm_eval's file with secrets hidden in its echo of the
     # configuration (model_args, dataset URLs); the provenance redacts its own.
-    shown = results.without_secrets(found)
-    text, reduced = results.reduce_results(shown)
+    shown = lmeval.without_secrets(found)
+    text, reduced = lmeval.reduce_results(shown)
     draft.fields.update(
         results=text,
         results_reduced=reduced,
-        results_config_map=results.results_configmap_name(job.name),
+        results_config_map=lmeval.results_configmap_name(job.name),
         results_source=source,
     )
     scores = found.get("results")

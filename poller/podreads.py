@@ -20,10 +20,11 @@ import logging
 
 from driver.decoder import decode_bytes
 from driver.protocol import MAX_RESULTS_BYTES
-from poller import podspec, results
+from poller import podspec
 from poller.actions import ArchiveLog, ExecRequest, LogRequest, ReleaseHold
 from poller.kube.client import ApiError, Kube, LogTail, NotFound, NotOwned
 from poller.kube.transport import ExecOutputTooLarge
+from poller.results import lmeval
 from poller.views import ExecView, JobView, LogView
 
 __all__ = [
@@ -96,13 +97,13 @@ class PodReads:
             tail = self._archive_tail(job, action)
         except Exception as error:  # the archive is best effort; deletion goes on
             tail = f"(the pod log could not be read before deletion: {error})"
-        manifest = results.results_configmap(
+        manifest = lmeval.results_configmap(
             namespace=job.namespace,
             job_name=job.name,
             job_uid=job.uid,
             results=None,
             labels={podspec.LABEL_MANAGED_BY: podspec.MANAGED_BY},
-            extra_data={results.LOG_ARCHIVE_KEY: tail},
+            extra_data={lmeval.LOG_ARCHIVE_KEY: tail},
         )
         try:
             self.kube.apply_configmap(manifest, merge=True)

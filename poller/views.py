@@ -25,7 +25,8 @@ from typing import Any
 from typing_extensions import TypedDict
 
 from driver.decoder import DecodedLog
-from poller import api, results
+from poller import api
+from poller.results import lmeval
 
 __all__ = [
     "CONTROL_SPEC_KEYS",
@@ -213,7 +214,7 @@ class JobView:
     deleting: bool
     spec: dict[str, Any]
     status: api.LMEvalJobStatus
-    scores: tuple[results.Score, ...] = ()
+    scores: tuple[lmeval.Score, ...] = ()
     # Why the listed object could not be read as a job (then spec and status
     # hold only what could be salvaged, enough to end the job or expire it).
     problem: str | None = None
@@ -269,7 +270,7 @@ class JobView:
             deleting=bool(meta.get("deletionTimestamp")),
             spec=spec,
             status=api.LMEvalJobStatus.model_validate(status),
-            scores=results.parse_scores(text) if isinstance(text, str) else (),
+            scores=lmeval.parse_scores(text) if isinstance(text, str) else (),
             queue_name=_label(meta, KUEUE_QUEUE_LABEL),
             priority_class=_label(meta, KUEUE_PRIORITY_LABEL),
             digest=digest,

@@ -10,7 +10,7 @@ reads the conditions, the CLI compares two runs by their provenance. Much of
 it comes from the job's pod, which runs code the poller does not trust (its
 progress line, results, provenance, per-item score counts), so what the
 poller writes from it is bounded and well-typed (the PROVENANCE_* limits here,
-the budgets in ``poller.results`` and ``poller.provenance``): every LIST of
+the budgets in ``poller.results.lmeval`` and ``poller.results.provenance``): every LIST of
 jobs carries status, and a hostile pod must not be able to bloat it.
 Re-exported by ``poller.api``.
 """

@@ -41,7 +41,7 @@ from poller.cli.errors import (
 )
 from poller.cli.rawapi import send
 from poller.ownership import controller_text, controller_uid
-from poller.results import results_configmap_name
+from poller.results.lmeval import results_configmap_name
 
 __all__ = [
     "JOBS_PREFIX",

@@ -24,7 +24,7 @@ from poller import api, timefmt
 from poller.cli import facts, follow, output, paired, render, rerun, selection, submit, watch
 from poller.cli.client import Cluster, fetch_job, results_configmap, split_ref
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
-from poller.results import RESULTS_GZ_KEY, RESULTS_KEY, packed_results_text
+from poller.results.lmeval import RESULTS_GZ_KEY, RESULTS_KEY, packed_results_text
 
 __all__ = [
     "cmd_compare",

@@ -6,7 +6,7 @@ headline score, the score rows of lm_eval's results JSON) and must agree on
 them. These pure functions read the job as the API returns it (a dict with
 camelCase keys) and never fail on a partial object: a job the poller has not
 seen yet has no status at all, and results may be absent, reduced or
-malformed. Score rows are read by `poller.results.score_rows` (re-exported
+malformed. Score rows are read by `poller.results.lmeval.score_rows` (re-exported
 here), the one reading of lm_eval's scores that the metrics and the sandbox
 use too. The per-item scores and the provenance a paired comparison reads
 come from the job's results ConfigMap (decompressed with a bound: the job's
@@ -22,7 +22,7 @@ from typing import Any
 
 from driver.itemscores import ITEM_SCORES_LIMITS, ItemScores, decode_item_scores
 from poller import api
-from poller.results import ITEMS_KEY, PROVENANCE_KEY, ScoreRow, gunzip_base64, score_rows
+from poller.results.lmeval import ITEMS_KEY, PROVENANCE_KEY, ScoreRow, gunzip_base64, score_rows
 from poller.timefmt import parse_time
 
 __all__ = [

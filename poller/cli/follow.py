@@ -46,7 +46,7 @@ from poller.cli.client import (
 )
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.cli.waitfor import WaitFor
-from poller.results import LOG_ARCHIVE_KEY
+from poller.results.lmeval import LOG_ARCHIVE_KEY
 
 __all__ = ["LogCursor", "follow_job", "show_logs", "visible", "wait_job", "wait_jobs"]
 

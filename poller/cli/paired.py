@@ -6,7 +6,7 @@ needs to see why a pair was refused and what else differed between the runs
 (lm_eval version, image, model, seeds) before trusting the answer. This
 module decides all of that from what the command read (each job's lm_eval
 results JSON, its decoded per-item scores, its provenance) and leaves the
-statistics to `poller.pairedstats` and the printing to ``render``. Pure: no
+statistics to `poller.results.pairedstats` and the printing to ``render``. Pure: no
 requests, no printing. A is the baseline (the first job named), B the
 candidate.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.itemscores import ItemScores
-from poller import pairedstats
+from poller.results import pairedstats
 
 __all__ = [
     "PROVENANCE_FIELDS",

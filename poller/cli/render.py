@@ -28,8 +28,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from poller import pairedstats
 from poller.cli import facts, paired
+from poller.results import pairedstats
 
 __all__ = [
     "JOBS_RIGHT",

@@ -59,7 +59,7 @@ from poller.cli import facts
 from poller.cli.client import Cluster
 from poller.cli.errors import ApiError, CliError
 from poller.cli.follow import follow_job
-from poller.results import score_rows
+from poller.results.lmeval import score_rows
 from poller.sandbox import build
 from poller.sandbox.bringup import (
     METRICS_PORT,
@@ -115,7 +115,7 @@ class DemoOptions:
 
 
 def results_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    """(task, metric, filter, value, stderr) for every score, as `poller.results` reads them."""
+    """(task, metric, filter, value, stderr) for every score, as `poller.results.lmeval` reads."""
     return [
         (row.task, row.metric, row.filter, _number(row.value), _number(row.stderr))
         for row in score_rows(results)

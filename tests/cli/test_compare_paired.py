@@ -2,7 +2,7 @@
 
 Checks: for two finished jobs whose results ConfigMaps hold per-item scores
 (built with driver.itemscores, gzip'd under ITEMS_KEY, as the poller stores
-them), compare prints per task and metric the numbers `poller.pairedstats`
+them), compare prints per task and metric the numbers `poller.results.pairedstats`
 gives (n, both means, the difference and its interval, p, the flips each
 way, the test, the verdict) for a 0/1 metric with a known number of flips
 and for a fixed-precision metric; it refuses a task whose documents differ
@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller import api, pairedstats
-from poller.results import ITEMS_KEY, PROVENANCE_KEY, RESULTS_KEY
+from poller import api
+from poller.results import pairedstats
+from poller.results.lmeval import ITEMS_KEY, PROVENANCE_KEY, RESULTS_KEY
 from tests.cli.conftest import Cli
 from tests.poller_fixtures import Jobs
 

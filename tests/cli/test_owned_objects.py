@@ -9,7 +9,7 @@ ownerReference; and one (``other-results``) whose controller is a ConfigMap
 of her own. Whether the claims admission policy is bound in the namespace
 does not matter: both squatters are ones it admits (only an owner reference
 to an LMEvalJob is a claim). The genuine ConfigMaps are the poller's own
-manifest (`poller.results.results_configmap`), created with the poller's
+manifest (`poller.results.lmeval.results_configmap`), created with the poller's
 ServiceAccount.
 
 Checks: ``results`` (table, CSV, JSON), ``compare`` (the paired test, which
@@ -45,9 +45,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller import api, podspec, results
+from poller import api, podspec
 from poller.cli.errors import ExitCode
 from poller.kube.client import Kube
+from poller.results import lmeval
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, user_kubeconfig
 from tests.cli.conftest import REPO, Cli
@@ -153,7 +154,7 @@ def _finished(jobs: Jobs, name: str) -> dict[str, Any]:
         "message": "evaluation finished",
         "results": json.dumps(truncated),
         "resultsReduced": True,
-        "resultsConfigMap": results.results_configmap_name(name),
+        "resultsConfigMap": lmeval.results_configmap_name(name),
         "provenance": _provenance("0.4.13"),
     }
     jobs.custom.patch_namespaced_custom_object_status(
@@ -165,7 +166,7 @@ def _finished(jobs: Jobs, name: str) -> dict[str, Any]:
 def _genuine(poller_kube: Kube, jobs: Jobs, name: str) -> None:
     """A finished job and its results ConfigMap as the poller makes it, by the poller."""
     job = _finished(jobs, name)
-    manifest = results.results_configmap(
+    manifest = lmeval.results_configmap(
         namespace=jobs.namespace,
         job_name=name,
         job_uid=job["metadata"]["uid"],
@@ -179,18 +180,18 @@ def _genuine(poller_kube: Kube, jobs: Jobs, name: str) -> None:
 
 def _squatter(name: str, owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Forged content under a results ConfigMap's name (what the squatter wants shown)."""
-    metadata: dict[str, Any] = {"name": results.results_configmap_name(name)}
+    metadata: dict[str, Any] = {"name": lmeval.results_configmap_name(name)}
     if owners:
         metadata["ownerReferences"] = owners
     return {
         "metadata": metadata,
         "data": {
-            results.RESULTS_KEY: json.dumps(_full_results(float(FORGED), float(FORGED))),
-            results.PROVENANCE_KEY: json.dumps(_provenance(FORGED_VERSION)),
-            results.LOG_ARCHIVE_KEY: FORGED_LOG + "\n",
+            lmeval.RESULTS_KEY: json.dumps(_full_results(float(FORGED), float(FORGED))),
+            lmeval.PROVENANCE_KEY: json.dumps(_provenance(FORGED_VERSION)),
+            lmeval.LOG_ARCHIVE_KEY: FORGED_LOG + "\n",
         },
         "binaryData": {
-            results.ITEMS_KEY: base64.b64encode(gzip.compress(_items([0.0] * N))).decode()
+            lmeval.ITEMS_KEY: base64.b64encode(gzip.compress(_items([0.0] * N))).decode()
         },
     }
 

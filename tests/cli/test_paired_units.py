@@ -21,9 +21,9 @@ import datetime as dt
 import gzip
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller import pairedstats
 from poller.cli import facts, paired, render
-from poller.results import ITEMS_KEY
+from poller.results import pairedstats
+from poller.results.lmeval import ITEMS_KEY
 
 
 def _task(values: dict[str, list[float]], n: int = 40) -> TaskItems:

@@ -28,8 +28,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from poller import api, results, timefmt
+from poller import api, timefmt
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from poller.retained import compact_version
 from tests.cluster.test_regression_gate_reads import RIGHT, WORSE, N, _condition, _items
 from tests.poller_fixtures import Jobs, cycle_until
@@ -75,10 +76,10 @@ def _complete(
         jobs.namespace,
         client.V1ConfigMap(
             metadata=client.V1ObjectMeta(
-                name=results.results_configmap_name(name), owner_references=[owner]
+                name=lmeval.results_configmap_name(name), owner_references=[owner]
             ),
-            data={results.RESULTS_KEY: "{}"},
-            binary_data={results.ITEMS_KEY: _items(items)},
+            data={lmeval.RESULTS_KEY: "{}"},
+            binary_data={lmeval.ITEMS_KEY: _items(items)},
         ),
     )
     return uid
@@ -90,7 +91,7 @@ def _delete(jobs: Jobs, name: str) -> None:
         api.API_GROUP, api.API_VERSION, jobs.namespace, api.PLURAL, name
     )
     try:
-        jobs.core.delete_namespaced_config_map(results.results_configmap_name(name), jobs.namespace)
+        jobs.core.delete_namespaced_config_map(lmeval.results_configmap_name(name), jobs.namespace)
     except ApiException as error:
         if error.status != 404:
             raise

@@ -36,8 +36,9 @@ from driver.itemscores import (
     metric_items,
 )
 from driver.protocol import encode_items, encode_marker, encode_results
-from poller import api, results
+from poller import api
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from poller.sandbox import kwok
 from tests.cluster.test_hostile_logs import _terminated, finish_within, running_pod, serve
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings, terminate
@@ -113,8 +114,8 @@ def test_a_hostile_runs_provenance_is_bounded_and_keeps_no_secret(
     assert final["itemScores"]["message"].startswith("per-item scores not stored, invalid: ")
 
     stored = jobs.core.read_namespaced_config_map("hostile-provenance-results", jobs.namespace)
-    assert results.ITEMS_KEY not in (stored.binary_data or {})
-    document = json.loads(stored.data[results.PROVENANCE_KEY])
+    assert lmeval.ITEMS_KEY not in (stored.binary_data or {})
+    document = json.loads(stored.data[lmeval.PROVENANCE_KEY])
     assert document["taskHashes"] == HASHES
     assert document["tasks"]["toy"]["datasetPath"] == "https://x:***@d.example/toy"
     # lm_eval's config echoes model_args and its task configs dataset URLs:
@@ -124,9 +125,9 @@ def test_a_hostile_runs_provenance_is_bounded_and_keeps_no_secret(
     assert shown["results"] == RESULTS["results"] and shown["task_hashes"] == HASHES
     assert shown["config"]["model_args"] == "model=org/m,base_url=http://u:***@h/v1,api_key=***"
     assert shown["configs"]["toy"]["dataset_path"] == "https://x:***@d.example/toy"
-    assert json.loads(stored.data[results.RESULTS_KEY]) == shown
+    assert json.loads(stored.data[lmeval.RESULTS_KEY]) == shown
     kept = json.dumps(provenance) + json.dumps(final["itemScores"]) + json.dumps(document)
-    kept += final["results"] + stored.data[results.RESULTS_KEY]
+    kept += final["results"] + stored.data[lmeval.RESULTS_KEY]
     for secret in ("SECRET-URL", "SECRET-ARG", "SECRET-DATA", "SECRET-FLAG"):
         assert secret not in kept
 
@@ -181,11 +182,11 @@ def test_exec_mode_stores_the_items_from_the_log_beside_the_execd_results(
     }
     assert stored["provenance"]["argv"] == ["lm_eval", "--log_samples"]
     configmap = jobs.core.read_namespaced_config_map("held-items-results", jobs.namespace)
-    packed = base64.b64decode(configmap.binary_data[results.ITEMS_KEY])
+    packed = base64.b64decode(configmap.binary_data[lmeval.ITEMS_KEY])
     assert decode_item_scores(gzip.decompress(packed)).tasks["toy"].metrics["acc,none"].values == (
         1.0,
         0.0,
         1.0,
         1.0,
     )
-    assert json.loads(configmap.data[results.PROVENANCE_KEY])["model"] == "dummy"
+    assert json.loads(configmap.data[lmeval.PROVENANCE_KEY])["model"] == "dummy"

@@ -25,7 +25,7 @@ from driver.protocol import encode_marker
 from poller import api
 from poller.kube.client import Kube, LogTail
 from poller.reconciler import Reconciler
-from poller.results import LOG_ARCHIVE_KEY
+from poller.results.lmeval import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import (

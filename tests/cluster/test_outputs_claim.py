@@ -37,9 +37,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from poller import api, podspec, podstorage, results
+from poller import api, podspec, podstorage
 from poller.kube.client import Kube
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import POLLER_USER, Jobs, cycle_until
 from tests.waiting import wait_for
@@ -181,7 +182,7 @@ def test_a_squatted_results_configmap_fails_the_job_before_its_pod(
     poller: Reconciler, jobs: Jobs, control_plane: ControlPlane
 ) -> None:
     mark = control_plane.audit.mark()
-    name = results.results_configmap_name("cm-squat")
+    name = lmeval.results_configmap_name("cm-squat")
     made = jobs.core.create_namespaced_config_map(
         jobs.namespace,
         client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data={"mine": "yes"}),

@@ -40,10 +40,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podspec, results
+from poller import podspec
 from poller.identity import KEY_FIELD, KEY_SECRET
 from poller.kube.client import Kube
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from poller.sandbox.controlplane import ControlPlane
 from poller.views import PROOF_ANNOTATION
 from tests.poller_fixtures import (
@@ -240,7 +241,7 @@ def test_a_squatted_results_configmap_is_never_overwritten(
     jobs.create("cmsquat")
     name = _running(poller, jobs, "cmsquat")
     core = client.CoreV1Api(admin_api)
-    squat = results.results_configmap_name("cmsquat")
+    squat = lmeval.results_configmap_name("cmsquat")
     core.create_namespaced_config_map(
         jobs.namespace,
         client.V1ConfigMap(metadata=client.V1ObjectMeta(name=squat), data={"mine": "yes"}),

@@ -21,8 +21,9 @@ import pytest
 from kubernetes import client
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller import api, results
+from poller import api
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from tests.poller_fixtures import Jobs, cycle_until
 
 pytestmark = pytest.mark.cluster
@@ -72,11 +73,11 @@ def _finished(
         jobs.namespace,
         client.V1ConfigMap(
             metadata=client.V1ObjectMeta(
-                name=results.results_configmap_name(name),
+                name=lmeval.results_configmap_name(name),
                 owner_references=[owner] if owned else None,
             ),
-            data={results.RESULTS_KEY: "{}"},
-            binary_data={results.ITEMS_KEY: _items(items)} if items is not None else None,
+            data={lmeval.RESULTS_KEY: "{}"},
+            binary_data={lmeval.ITEMS_KEY: _items(items)} if items is not None else None,
         ),
     )
 

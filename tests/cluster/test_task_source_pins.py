@@ -22,8 +22,9 @@ import pytest
 from kubernetes import client
 
 from driver.protocol import encode_marker, encode_results
-from poller import outcome, results
+from poller import outcome
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from tests.cluster.test_hostile_logs import _terminated, finish_within, running_pod, serve
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, set_settings, terminate
 from tests.waiting import wait_for
@@ -75,9 +76,9 @@ def test_a_run_reporting_another_commit_than_the_pin_fails(
     assert finished["reason"] == outcome.TASK_SOURCE_MISMATCH
     assert "results" not in final and "taskSources" not in final
     stored = jobs.core.list_namespaced_config_map(jobs.namespace).items
-    named = results.results_configmap_name("forged-commit")
+    named = lmeval.results_configmap_name("forged-commit")
     kept = [c for c in stored if c.metadata is not None and c.metadata.name == named]
-    assert all(results.RESULTS_KEY not in (c.data or {}) for c in kept), kept
+    assert all(lmeval.RESULTS_KEY not in (c.data or {}) for c in kept), kept
 
     # The same pod log with the pinned commit: Succeeded, the commit recorded.
     honest = _run(poller, jobs, admin_api, tmp_path, "pinned-commit", _log(PIN))

@@ -34,10 +34,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from poller import api, podstorage, results
+from poller import api, podstorage
 from poller.kube.client import Kube
 from poller.leader import LeaderElector
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from tests.deploy.conftest import DEPLOY, yaml_file
@@ -160,7 +161,7 @@ def test_every_rule_is_used_and_nothing_is_refused(
         jobs.namespace,
         client.V1ConfigMap(
             metadata=client.V1ObjectMeta(
-                name=results.results_configmap_name("audited"), owner_references=[owner]
+                name=lmeval.results_configmap_name("audited"), owner_references=[owner]
             )
         ),
     )

@@ -24,8 +24,8 @@ from kubernetes import client
 
 import driver
 from driver.itemscores import decode_item_scores
-from poller import results
 from poller.reconciler import Reconciler
+from poller.results import lmeval
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import results_file, sample, submit
@@ -86,7 +86,7 @@ def test_a_finished_run_keeps_its_provenance_and_item_scores(
     assert provenance.get("imageID") == (main.image_id or None)
 
     stored = jobs.core.read_namespaced_config_map(f"{NAME}-results", jobs.namespace)
-    document = json.loads(stored.data[results.PROVENANCE_KEY])
+    document = json.loads(stored.data[lmeval.PROVENANCE_KEY])
     assert document["taskHashes"] == written["task_hashes"]
     assert document["argv"] == argv and document["modelName"] == "toy"
     for task, entry in document["tasks"].items():
@@ -98,7 +98,7 @@ def test_a_finished_run_keeps_its_provenance_and_item_scores(
 
     items = final["itemScores"]
     assert items["stored"] == "ConfigMap", items
-    packed = base64.b64decode(stored.binary_data[results.ITEMS_KEY])
+    packed = base64.b64decode(stored.binary_data[lmeval.ITEMS_KEY])
     scores = decode_item_scores(gzip.decompress(packed))
     assert set(scores.tasks) == {"sample_arith_mc", "sample_arith_gen"}
     samples = {t: written["n-samples"][t]["effective"] for t in scores.tasks}

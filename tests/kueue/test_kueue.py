@@ -17,7 +17,7 @@ from kubernetes import client
 
 from poller import kueuegate
 from poller.reconciler import Reconciler
-from poller.results import LOG_ARCHIVE_KEY
+from poller.results.lmeval import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
 from tests.kueue_fixtures import GPU, GPU_TOLERATION, Queues
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate

@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from poller import api, buildinfo
 from poller.metrics import MetricsServer, PollerMetrics, exposition_app, serve
 from poller.reconciler import CycleReport
-from poller.results import parse_scores
+from poller.results.lmeval import parse_scores
 from poller.views import JobView
 from tests.metrics.conftest import TOY_RESULTS, make_job
 

@@ -25,7 +25,7 @@ from poller import jobmetrics
 from poller.jobmetrics import JobCollector, JobFamilyPart
 from poller.jobseries import GateSeries, JobSeries, _layout, _pack
 from poller.metrics import exposition_app
-from poller.results import Score
+from poller.results.lmeval import Score
 
 AWKWARD = 'llama "7b"\\q\nnew line'
 

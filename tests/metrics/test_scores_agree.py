@@ -4,7 +4,7 @@ Each used to parse lm_eval's JSON its own way (the CLI ignored ``groups``,
 the sandbox listed a group's scores from ``groups`` and skipped it in
 ``results``, the metrics merged both), so a job with a task group could
 show different scores in Prometheus, in the terminal and in the sandbox.
-All three now read `poller.results.iter_score_rows`; this test feeds them a
+All three now read `poller.results.lmeval.iter_score_rows`; this test feeds them a
 results JSON shaped the way lm_eval 0.4.13 writes it for a group with
 subtasks, and the same with the group's scores only under ``groups`` (the
 shape the other metrics tests use, where the CLI used to miss the group),

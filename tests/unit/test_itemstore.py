@@ -1,4 +1,4 @@
-"""Where a finished run's per-item scores and provenance are kept (`poller.itemstore`, `outcome`).
+"""Where a finished run's per-item scores and provenance are kept (`results.itemstore`, `outcome`).
 
 Checks: valid per-item scores are decoded once, counted into
 status.itemScores and stored gzip'd under ITEMS_KEY beside the results and
@@ -31,9 +31,10 @@ from driver.itemscores import (
     metric_items,
 )
 from driver.protocol import encode_marker, encode_results
-from poller import itemstore, outcome, results
+from poller import outcome
 from poller.actions import StoreResults
 from poller.api.settings import Settings
+from poller.results import itemstore, lmeval
 from poller.views import ContainerView, ExecView, LogView
 from tests.unit.test_decide import NOW, job, pod, running_status, status_of
 
@@ -80,7 +81,7 @@ def unpack(manifest: dict[str, Any], key: str) -> bytes:
 def manifest_for(
     found: dict[str, Any], checked: itemstore.CheckedItems, outputs: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
-    text, _ = results.reduce_results(found)
+    text, _ = lmeval.reduce_results(found)
     return itemstore.results_manifest(
         namespace="ns",
         job_name="eval",
@@ -101,14 +102,14 @@ def test_valid_items_are_counted_and_stored_gzipped() -> None:
     assert checked.summary == {"stored": "ConfigMap", "tasks": 3, "items": 300, "bytes": len(raw)}
     manifest, summary, note = manifest_for(RESULTS, checked)
     assert (summary, note) == (checked.summary, None)
-    assert unpack(manifest, results.ITEMS_KEY) == raw
-    assert decode_item_scores(unpack(manifest, results.ITEMS_KEY)).tasks.keys() == {
+    assert unpack(manifest, lmeval.ITEMS_KEY) == raw
+    assert decode_item_scores(unpack(manifest, lmeval.ITEMS_KEY)).tasks.keys() == {
         "task0",
         "task1",
         "task2",
     }
-    assert json.loads(manifest["data"][results.RESULTS_KEY]) == RESULTS
-    assert manifest["data"][results.PROVENANCE_KEY] == '{"format":1}'
+    assert json.loads(manifest["data"][lmeval.RESULTS_KEY]) == RESULTS
+    assert manifest["data"][lmeval.PROVENANCE_KEY] == '{"format":1}'
 
 
 def test_invalid_missing_and_noted_items() -> None:
@@ -118,7 +119,7 @@ def test_invalid_missing_and_noted_items() -> None:
     assert bad.summary["message"].startswith("per-item scores not stored, invalid: ")
     assert "n must be an integer" in bad.summary["message"]
     manifest, _, _ = manifest_for(RESULTS, bad)
-    assert results.ITEMS_KEY not in manifest.get("binaryData", {})
+    assert lmeval.ITEMS_KEY not in manifest.get("binaryData", {})
 
     noted = itemstore.check(decoded(note="lm_eval wrote no samples (spec.logSamples is off)"))
     assert noted.summary == {
@@ -143,11 +144,11 @@ def test_results_are_gzipped_to_make_room_for_the_items() -> None:
     raw = scores(100)
     checked = dataclasses.replace(itemstore.check(decoded(raw)), raw=os.urandom(300_000))
     manifest, summary, note = manifest_for(found, checked)
-    assert results.RESULTS_KEY not in manifest["data"]
-    assert json.loads(unpack(manifest, results.RESULTS_KEY + ".gz")) == found
-    assert unpack(manifest, results.ITEMS_KEY) == checked.raw
+    assert lmeval.RESULTS_KEY not in manifest["data"]
+    assert json.loads(unpack(manifest, lmeval.RESULTS_KEY + ".gz")) == found
+    assert unpack(manifest, lmeval.ITEMS_KEY) == checked.raw
     assert summary is not None and summary["stored"] == "ConfigMap" and note is None
-    assert results.configmap_data_bytes(manifest) <= results.CONFIGMAP_DATA_MAX
+    assert lmeval.configmap_data_bytes(manifest) <= lmeval.CONFIGMAP_DATA_MAX
 
 
 def test_items_that_do_not_fit_are_left_out_and_the_message_says_where_they_are() -> None:
@@ -157,12 +158,12 @@ def test_items_that_do_not_fit_are_left_out_and_the_message_says_where_they_are(
     checked = dataclasses.replace(itemstore.check(decoded(scores(10))), raw=os.urandom(500_000))
     manifest, summary, note = manifest_for(found, checked, outputs="PersistentVolumeClaim out")
     assert note is None
-    assert json.loads(manifest["data"][results.RESULTS_KEY]) == found  # the results are kept
-    assert results.ITEMS_KEY not in manifest.get("binaryData", {})
-    assert results.configmap_data_bytes(manifest) <= results.CONFIGMAP_DATA_MAX
+    assert json.loads(manifest["data"][lmeval.RESULTS_KEY]) == found  # the results are kept
+    assert lmeval.ITEMS_KEY not in manifest.get("binaryData", {})
+    assert lmeval.configmap_data_bytes(manifest) <= lmeval.CONFIGMAP_DATA_MAX
     assert summary is not None and summary["stored"] == "None"
     assert summary["message"].startswith("per-item scores not stored: 500000 bytes (")
-    assert f"in a ConfigMap ({results.CONFIGMAP_DATA_MAX} bytes)" in summary["message"]
+    assert f"in a ConfigMap ({lmeval.CONFIGMAP_DATA_MAX} bytes)" in summary["message"]
     assert summary["message"].endswith(
         "the pod wrote them to /outputs/run-r/lmeval-items.json in its outputs claim "
         "(PersistentVolumeClaim out)"
@@ -176,11 +177,11 @@ def test_items_that_do_not_fit_are_left_out_and_the_message_says_where_they_are(
     huge = {"results": {"arc": {"acc,none": 0.5}}, "configs": {"x": noise}}
     manifest, summary, note = manifest_for(huge, itemstore.check(decoded(scores(10))))
     assert note is not None and "holds the reduced results" in note
-    assert json.loads(manifest["data"][results.RESULTS_KEY]) == {
+    assert json.loads(manifest["data"][lmeval.RESULTS_KEY]) == {
         "results": {"arc": {"acc,none": 0.5}}
     }
     assert summary is not None and summary["stored"] == "None"
-    assert results.ITEMS_KEY not in manifest.get("binaryData", {})
+    assert lmeval.ITEMS_KEY not in manifest.get("binaryData", {})
 
 
 def test_a_finished_job_stores_items_and_provenance() -> None:
@@ -197,8 +198,8 @@ def test_a_finished_job_stores_items_and_provenance() -> None:
     decision = outcome.complete(job(running_status()), terminated, Settings(), NOW, log)
     store = decision.actions[0]
     assert isinstance(store, StoreResults)
-    assert unpack(store.manifest, results.ITEMS_KEY) == raw
-    stored = json.loads(store.manifest["data"][results.PROVENANCE_KEY])
+    assert unpack(store.manifest, lmeval.ITEMS_KEY) == raw
+    stored = json.loads(store.manifest["data"][lmeval.PROVENANCE_KEY])
     assert stored["imageID"] == IMAGE_ID and stored["tasks"]["task0"]["items"] == 50
     status = status_of(decision)
     assert status.reason is not None and status.reason.value == "Succeeded"
@@ -243,7 +244,7 @@ def test_exec_mode_takes_the_items_from_the_log() -> None:
     assert actions is not None
     store = actions[0]
     assert isinstance(store, StoreResults)
-    assert unpack(store.manifest, results.ITEMS_KEY) == raw
+    assert unpack(store.manifest, lmeval.ITEMS_KEY) == raw
     assert draft.fields["results_source"] == "exec"
     assert draft.fields["item_scores"]["items"] == 20
     assert draft.fields["provenance"]["image_id"] == IMAGE_ID

@@ -28,12 +28,13 @@ from typing import Any
 
 import pytest
 
-from poller import api, ownership, podspec, podstorage, results
+from poller import api, ownership, podspec, podstorage
 from poller.act import Actuator
 from poller.api.settings import Settings
 from poller.identity import PodProof
 from poller.kube.client import Conflict
 from poller.podreads import PodReads
+from poller.results import lmeval
 from poller.scheduling import decide_failure, schedule
 from poller.statuswrites import StatusWrites
 from poller.views import JobView
@@ -138,7 +139,7 @@ class StandIn:
 
     def read_configmap(self, namespace: str, name: str, **_: Any) -> dict[str, Any] | None:
         self.calls.append(("read_configmap", name))
-        return self.configmap if name == results.results_configmap_name("eval") else None
+        return self.configmap if name == lmeval.results_configmap_name("eval") else None
 
     def create_claim(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append(("create_claim", manifest["metadata"]["name"]))

@@ -1,4 +1,4 @@
-"""The paired statistics (`poller.pairedstats`) against independent implementations.
+"""The paired statistics (`poller.results.pairedstats`) against independent implementations.
 
 Checks: the exact McNemar p-value equals statsmodels' ``mcnemar(exact=True)``
 and scipy's ``binomtest`` (also past the integer path, with lgamma); the
@@ -31,7 +31,7 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.weightstats import DescrStatsW, ztest
 
 from driver.itemscores import BINARY, FIXED, MetricItems, TaskItems
-from poller import pairedstats as ps
+from poller.results import pairedstats as ps
 
 
 def _binary_runs(both: int, a_only: int, b_only: int, neither: int) -> tuple[list[float], ...]:

@@ -1,4 +1,4 @@
-"""`poller.provenance`: a run's provenance from untrusted markers and results, bounded.
+"""`poller.results.provenance`: a run's provenance from untrusted markers and results, bounded.
 
 Checks: every field comes from where it should (final marker, else the
 started marker; lm_eval's results config and task_hashes; the kubelet's
@@ -20,7 +20,8 @@ import pytest
 
 from driver.decoder import Outcome
 from driver.itemscores import ItemScores, TaskItems, docs_digest, metric_items
-from poller import api, provenance
+from poller import api
+from poller.results import provenance
 
 HASH_A = "a" * 64
 HASH_B = "b" * 64

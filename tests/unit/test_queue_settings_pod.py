@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from poller import api, podspec, results
+from poller import api, podspec
 from poller.api.settings import Settings, SettingsTracker, parse_duration
 from poller.queue import fair_order, plan_queue
+from poller.results import lmeval
 from poller.sandbox import crd
 from poller.views import ContainerView, JobView, PodView
 
@@ -227,10 +228,10 @@ def test_results_reduced_to_budget_keep_scores() -> None:
         "results": {f"task{i}": {"acc,none": i / 100} for i in range(50)},
         "configs": {f"task{i}": {"doc": "x" * 5000} for i in range(50)},
     }
-    text, reduced = results.reduce_results(big, budget=16 * 1024)
+    text, reduced = lmeval.reduce_results(big, budget=16 * 1024)
     assert reduced and len(text) <= 16 * 1024
     assert json.loads(text)["results"] == big["results"]
-    small, reduced_small = results.reduce_results({"results": {"t": {"acc,none": 1}}})
+    small, reduced_small = lmeval.reduce_results({"results": {"t": {"acc,none": 1}}})
     assert not reduced_small and json.loads(small) == {"results": {"t": {"acc,none": 1}}}
 
 

@@ -20,12 +20,13 @@ import json
 import pytest
 
 from driver.protocol import MAX_RESULTS_BYTES
-from poller import ownership, results
+from poller import ownership
+from poller.results import lmeval
 
 
 def test_packed_results_read_back_as_written() -> None:
     written = {"results": {"arc_easy": {"acc,none": 0.5}}, "configs": {"arc_easy": {}}}
-    manifest = results.results_configmap(
+    manifest = lmeval.results_configmap(
         namespace="ns",
         job_name="job",
         job_uid="uid-1",
@@ -33,29 +34,29 @@ def test_packed_results_read_back_as_written() -> None:
         labels={},
         compress=True,
     )
-    assert results.RESULTS_KEY not in (manifest.get("data") or {})
-    packed = manifest["binaryData"][results.RESULTS_GZ_KEY]
-    assert json.loads(results.packed_results_text(packed)) == written
+    assert lmeval.RESULTS_KEY not in (manifest.get("data") or {})
+    packed = manifest["binaryData"][lmeval.RESULTS_GZ_KEY]
+    assert json.loads(lmeval.packed_results_text(packed)) == written
     assert ownership.controller_uid(manifest) == "uid-1"
 
 
 def test_a_packed_bomb_is_refused_at_the_results_limit() -> None:
-    bomb = results.gzip_base64(b" " * (MAX_RESULTS_BYTES + 1))
+    bomb = lmeval.gzip_base64(b" " * (MAX_RESULTS_BYTES + 1))
     with pytest.raises(ValueError, match=f"more than {MAX_RESULTS_BYTES} bytes"):
-        results.packed_results_text(bomb)
+        lmeval.packed_results_text(bomb)
 
 
 @pytest.mark.parametrize(
     ("encoded", "what"),
     [
         ("not base64!", "is not base64"),
-        (results.gzip_base64(b"\xff\xfe results"), "is not UTF-8"),
+        (lmeval.gzip_base64(b"\xff\xfe results"), "is not UTF-8"),
         ("aGVsbG8=", "is not gzip"),
     ],
 )
 def test_packed_results_that_are_not_gzip_text_are_refused(encoded: str, what: str) -> None:
     with pytest.raises(ValueError, match=what):
-        results.packed_results_text(encoded)
+        lmeval.packed_results_text(encoded)
 
 
 def test_controller_uid_is_the_controlling_reference_only() -> None:
@@ -92,7 +93,7 @@ LEAKY = {
 
 
 def test_without_secrets_hides_what_lm_eval_echoes_and_keeps_the_rest() -> None:
-    shown = results.without_secrets(LEAKY)
+    shown = lmeval.without_secrets(LEAKY)
     text = json.dumps(shown)
     for secret in ("SECRET-1", "SECRET-2", "SECRET-3", "SECRET-4"):
         assert secret not in text
@@ -109,7 +110,7 @@ def test_without_secrets_hides_what_lm_eval_echoes_and_keeps_the_rest() -> None:
 
 def test_without_secrets_reads_model_args_as_lm_eval_writes_them_as_a_dict() -> None:
     found = {"config": {"model_args": {"pretrained": "/cache/m", "api_key": "SECRET-5"}}}
-    assert results.without_secrets(found)["config"]["model_args"] == {
+    assert lmeval.without_secrets(found)["config"]["model_args"] == {
         "pretrained": "/cache/m",
         "api_key": "***",
     }
@@ -118,11 +119,11 @@ def test_without_secrets_reads_model_args_as_lm_eval_writes_them_as_a_dict() -> 
 def test_results_without_secrets_are_unchanged() -> None:
     clean = {k: v for k, v in LEAKY.items() if k not in ("config", "configs")}
     clean["config"] = {"model": "dummy", "model_args": "", "random_seed": 0}
-    assert results.without_secrets(clean) == clean
+    assert lmeval.without_secrets(clean) == clean
 
 
 def test_configs_past_the_scan_budget_are_left_out_and_counted() -> None:
-    big = "x" * (results.ECHO_SCAN_BUDGET // 2)
+    big = "x" * (lmeval.ECHO_SCAN_BUDGET // 2)
     found = {
         "config": {"model_args": "api_key=SECRET-6"},
         "configs": {
@@ -131,20 +132,20 @@ def test_configs_past_the_scan_budget_are_left_out_and_counted() -> None:
             "c": {"dataset_path": "https://u:SECRET-8@h/d"},
         },
     }
-    shown = results.without_secrets(found)
+    shown = lmeval.without_secrets(found)
     assert shown["configs"]["a"] == {"doc_to_text": big}
-    assert set(shown["configs"]) == {"a", results.OMITTED_KEY}
-    assert shown["configs"][results.OMITTED_KEY].startswith("2 task configs, past")
+    assert set(shown["configs"]) == {"a", lmeval.OMITTED_KEY}
+    assert shown["configs"][lmeval.OMITTED_KEY].startswith("2 task configs, past")
     assert "SECRET" not in json.dumps(shown)
     # A config that alone is over the budget is left out as a whole.
     huge = {"config": {"model_args": "api_key=SECRET-9," + big + big}}
-    assert "SECRET" not in json.dumps(results.without_secrets(huge))
+    assert "SECRET" not in json.dumps(lmeval.without_secrets(huge))
 
 
 def test_task_configs_past_the_count_are_left_out_and_counted() -> None:
     configs = {f"t{i}": {"dataset_path": "https://u:SECRET@h/d"} for i in range(2500)}
-    shown = results.without_secrets({"configs": configs})["configs"]
-    assert len(shown) == results.ECHO_SCAN_TASKS + 1
-    assert shown[results.OMITTED_KEY] == "500 task configs, past the secret scan's budget"
+    shown = lmeval.without_secrets({"configs": configs})["configs"]
+    assert len(shown) == lmeval.ECHO_SCAN_TASKS + 1
+    assert shown[lmeval.OMITTED_KEY] == "500 task configs, past the secret scan's budget"
     assert shown["t0"] == {"dataset_path": "https://u:***@h/d"}
     assert "SECRET" not in json.dumps(shown)

@@ -28,14 +28,15 @@ from hypothesis import strategies as st
 
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
-from poller import api, decide, outcome, results
+from poller import api, decide, outcome
 from poller.actions import ArchiveLog, DeleteJob, StoreResults
 from poller.api.settings import Settings
 from poller.draft import MAX_MESSAGE_CHARS, StatusDraft
 from poller.kube.client import ApiError, LogTail
 from poller.podreads import LOG_READ_RESULTS_BYTES
 from poller.reconciler import Reconciler
-from poller.results import parse_scores
+from poller.results import lmeval
+from poller.results.lmeval import parse_scores
 from poller.views import ExecView, JobView, LogView
 from tests import hostile_logs
 from tests.unit.test_decide import (
@@ -244,14 +245,14 @@ def test_scores_are_still_read_from_real_results() -> None:
 def test_reducing_thousands_of_tasks_is_linear_and_exact() -> None:
     many = {"results": {f"task_{i:06d}": {"acc,none": i / 10**5} for i in range(32_000)}}
     started = time.perf_counter()
-    text, reduced = results.reduce_results(many)
+    text, reduced = lmeval.reduce_results(many)
     assert time.perf_counter() - started < 5  # was 25 s of CPU for 8000 tasks
-    assert reduced and len(text.encode()) <= results.STATUS_RESULTS_BUDGET
+    assert reduced and len(text.encode()) <= lmeval.STATUS_RESULTS_BUDGET
     kept = json.loads(text)
     count = len(kept["results"])
     assert kept["truncated"] is True and 1000 < count < 32_000
     kept["results"][f"task_{count:06d}"] = many["results"][f"task_{count:06d}"]
-    assert len(json.dumps(kept, separators=(",", ":"))) > results.STATUS_RESULTS_BUDGET
+    assert len(json.dumps(kept, separators=(",", ":"))) > lmeval.STATUS_RESULTS_BUDGET
 
 
 def test_results_whose_results_are_not_an_object_still_end_the_job() -> None:
@@ -265,7 +266,7 @@ def test_results_whose_results_are_not_an_object_still_end_the_job() -> None:
 
 def test_scores_and_task_names_are_capped() -> None:
     many = {"results": {f"t{i:05d}": {"acc,none": 0.5, "f1,none": 0.25} for i in range(5000)}}
-    assert len(parse_scores(json.dumps(many))) == results.MAX_SCORES_PER_JOB
+    assert len(parse_scores(json.dumps(many))) == lmeval.MAX_SCORES_PER_JOB
     view = LogView(decode_lines(completed_log(many)), 400, lines_read=4)
     status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
     assert status.message is not None and status.message.endswith(", ... (5000 tasks)")
@@ -280,8 +281,8 @@ def test_results_too_large_for_a_configmap_are_stored_reduced() -> None:
         job(running_status()), pod(), EXEC, NOW, held, exec_view=ExecView(text)
     )
     stored = next(a for a in decision.actions if isinstance(a, StoreResults))
-    assert results.configmap_data_bytes(stored.manifest) <= results.CONFIGMAP_DATA_MAX
-    data = json.loads(stored.manifest["data"][results.RESULTS_KEY])
+    assert lmeval.configmap_data_bytes(stored.manifest) <= lmeval.CONFIGMAP_DATA_MAX
+    data = json.loads(stored.manifest["data"][lmeval.RESULTS_KEY])
     assert data["results"] == {"toy": {"acc,none": 0.5}} and data["truncated"] is True
     status = status_of(decision)
     assert status.results_source == "exec" and status.message is not None

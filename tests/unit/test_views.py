@@ -26,7 +26,7 @@ from poller import api, decide
 from poller.actions import DeleteJob, PatchStatus
 from poller.api.settings import Settings
 from poller.reconciler import Reconciler
-from poller.results import parse_scores
+from poller.results.lmeval import parse_scores
 from poller.timefmt import format_time
 from poller.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView, PodView
 

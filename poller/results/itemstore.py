@@ -24,7 +24,8 @@ from typing import Any
 
 from driver.decoder import DecodedLog
 from driver.itemscores import ItemScores, decode_item_scores
-from poller import api, results
+from poller import api
+from poller.results import lmeval
 
 __all__ = ["ITEMS_DECODE_MAX", "CheckedItems", "check", "results_manifest"]
 
@@ -108,7 +109,7 @@ def results_manifest(
     """
 
     def manifest_of(kept: dict[str, Any], raw: bytes | None, compress: bool) -> dict[str, Any]:
-        return results.results_configmap(
+        return lmeval.results_configmap(
             namespace=namespace,
             job_name=job_name,
             job_uid=job_uid,
@@ -120,7 +121,7 @@ def results_manifest(
         )
 
     def fits(candidate: dict[str, Any]) -> bool:
-        return results.configmap_data_bytes(candidate) <= results.CONFIGMAP_DATA_MAX
+        return lmeval.configmap_data_bytes(candidate) <= lmeval.CONFIGMAP_DATA_MAX
 
     summary = dict(items.summary) if items.summary is not None else None
     manifest = manifest_of(found, items.raw, False)
@@ -132,7 +133,7 @@ def results_manifest(
                 why = _left_out(manifest, items.raw, items_path, outputs)
                 summary.update(stored="None", message=why)
                 summary = _summary(summary)
-    size = results.configmap_data_bytes(manifest)
+    size = lmeval.configmap_data_bytes(manifest)
     if fits(manifest):
         return manifest, summary, None
     # The apiserver would refuse it, every cycle: keep what status keeps.
@@ -142,7 +143,7 @@ def results_manifest(
         summary = _summary({**summary, "stored": "None", "message": why})
     note = (
         f"the full results, {size} bytes compressed, exceed what a ConfigMap holds: "
-        f"{results.results_configmap_name(job_name)} holds the reduced results"
+        f"{lmeval.results_configmap_name(job_name)} holds the reduced results"
     )
     return manifest, summary, note
 
@@ -151,12 +152,12 @@ def _left_out(
     manifest: dict[str, Any], raw: bytes, items_path: str | None, outputs: str | None
 ) -> str:
     """Why the per-item scores are not in the ConfigMap, and where they are instead."""
-    packed = len(results.gzip_base64(raw)) * 3 // 4
-    used = results.configmap_data_bytes(manifest)
+    packed = len(lmeval.gzip_base64(raw)) * 3 // 4
+    used = lmeval.configmap_data_bytes(manifest)
     message = (
         f"per-item scores not stored: {len(raw)} bytes ({packed} gzip'd) do not fit beside "
         f"the results and provenance ({used} bytes) in a ConfigMap "
-        f"({results.CONFIGMAP_DATA_MAX} bytes)"
+        f"({lmeval.CONFIGMAP_DATA_MAX} bytes)"
     )
     if items_path and outputs:
         return f"{message}; the pod wrote them to {items_path} in its outputs claim ({outputs})"
