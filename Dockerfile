@@ -68,7 +68,7 @@ RUN python -m venv "${VIRTUAL_ENV}" \
 
 # -- driver: the driver package alone, for the job pod's init container ---------
 # With the setting driver-image, the poller's init container runs
-# `cp -R /opt/lmeval/driver /opt/lmeval-driver/` (poller/podspec.py) and the
+# `cp -R /opt/lmeval/driver /opt/lmeval-driver/` (poller/jobpod/podspec.py) and the
 # evaluation runs `python -m driver` with PYTHONPATH=/opt/lmeval-driver, so
 # any image with Python and lm-eval can be the pod image. The driver uses the
 # standard library only; busybox brings `cp`.

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from poller import api, podspec, podstorage, tasksnapshot
+from poller import api, tasksnapshot
 from poller.actions import (
     ArchiveLog,
     CreatePod,
@@ -46,6 +46,7 @@ from poller.actions import (
 from poller.api import JobState
 from poller.api.settings import Settings
 from poller.identity import PodProof
+from poller.jobpod import offline, podspec
 from poller.kube.client import ApiError, Conflict, Kube, NotOwned
 from poller.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
 from poller.podreads import PodReads
@@ -234,7 +235,7 @@ class Actuator:
         if why is None:
             return None, None  # made for this job before: adopted
         log.warning("claim %s/%s squats %s's outputs claim: %s", job.namespace, name, job.name, why)
-        message = podstorage.foreign_object_message(
+        message = offline.foreign_object_message(
             "PersistentVolumeClaim", name, job.namespace, "outputs claim", why
         )
         return message, "ForeignObject"
@@ -257,17 +258,17 @@ class Actuator:
             # garbage collector deletes its ConfigMap. Decided again next cycle.
             raise Conflict(f"ConfigMap {job.namespace}/{name} is a former job's: waiting for GC")
         log.warning("ConfigMap %s/%s squats %s's results: %s", job.namespace, name, job.name, why)
-        return podstorage.foreign_object_message(
+        return offline.foreign_object_message(
             "ConfigMap", name, job.namespace, "results ConfigMap", why
         )
 
     def _release_kept_claim(self, job: JobView) -> None:
         """outputs.pvcManaged with keep: the job's claim stops being controlled by
         it, so it outlives the job (the garbage collector would delete it)."""
-        name = podstorage.kept_claim(job.spec, job.name, job.uid)
+        name = offline.kept_claim(job.spec, job.name, job.uid)
         if name is None:
             return
-        owners = [podstorage.owner_reference(job.name, job.uid)]
+        owners = [offline.owner_reference(job.name, job.uid)]
         if self.kube.release_claim(job.namespace, name, owners):
             log.info("released kept claim %s/%s from %s", job.namespace, name, job.name)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from poller import api, kueuegate, outcome, podgit, podspec
+from poller import api, kueuegate, outcome
 from poller import gate as regression
 from poller.actions import (
     Action,
@@ -50,6 +50,7 @@ from poller.actions import (
 from poller.api.settings import Settings
 from poller.draft import StatusDraft
 from poller.gate import GateView
+from poller.jobpod import gittasks, podspec
 from poller.kueuegate import KueueView
 from poller.ownership import altered_pod_message, foreign_pod_message, judge_pod
 from poller.routing import Step, deadline_exceeded, route, submitted_for
@@ -379,7 +380,7 @@ def _decide_with_pod(
         message = f"{message}: {detail}" if detail else message
         if pod.init is not None and pod.init[1].state == "terminated":
             name, init = pod.init
-            cloned = podgit.clone_failure(job.spec, name, init.exit_code, init.message)
+            cloned = gittasks.clone_failure(job.spec, name, init.exit_code, init.message)
             message = cloned if cloned is not None else message
         return _stop(job, pod, settings, now, R.FAILED, message, cause="PodFailed")
     if step is Step.POD_DELETING:

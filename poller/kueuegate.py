@@ -49,7 +49,8 @@ from typing import Any
 
 from typing_extensions import TypedDict
 
-from poller import api, podspec
+from poller import api
+from poller.jobpod import podspec
 from poller.timefmt import format_time
 from poller.views import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, controller_reference
 

@@ -50,10 +50,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from poller import api, kueuegate, outcome, podspec
+from poller import api, kueuegate, outcome
 from poller.actions import LogRequest, Needs
 from poller.api.settings import Settings
 from poller.gate import GateView, ItemsRead, baseline_name
+from poller.jobpod import podspec
 from poller.kube.client import ApiError, Kube, NotFound
 from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.ownership import controller_uid

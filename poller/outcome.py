@@ -25,10 +25,11 @@ from typing import Any
 from driver import protocol
 from driver.decoder import DecodedLog, Outcome
 from driver.itemscores import ItemScores
-from poller import api, podgit, podspec
+from poller import api
 from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
 from poller.api.settings import Settings
 from poller.draft import StatusDraft
+from poller.jobpod import gittasks, podspec
 from poller.results import itemstore, lmeval, provenance
 from poller.views import ExecView, JobView, LogView, PodView
 
@@ -307,7 +308,7 @@ def record_task_sources(
     if problem is not None:
         draft.fields.pop("task_sources", None)
         return problem
-    entries = podgit.status_entries(job.spec, reported)
+    entries = gittasks.status_entries(job.spec, reported)
     if entries:
         draft.fields["task_sources"] = entries
     return None

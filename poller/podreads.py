@@ -20,8 +20,8 @@ import logging
 
 from driver.decoder import decode_bytes
 from driver.protocol import MAX_RESULTS_BYTES
-from poller import podspec
 from poller.actions import ArchiveLog, ExecRequest, LogRequest, ReleaseHold
+from poller.jobpod import podspec
 from poller.kube.client import ApiError, Kube, LogTail, NotFound, NotOwned
 from poller.kube.transport import ExecOutputTooLarge
 from poller.results import lmeval

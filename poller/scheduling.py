@@ -5,7 +5,7 @@ turns the spec into a pod and writes the Scheduled status; it is kept apart
 from what `decide` does with a job once started (runs, stops, suspends,
 finishes, waits for Kueue). Here: the spec validated and the pod's manifest
 built (`job_pod`, also the pod template of a Kueue workload), where an invalid
-spec or a pod `poller.podspec` refuses ends the job Failed (`decide_failure`);
+spec or a pod `poller.jobpod.podspec` refuses ends the job Failed (`decide_failure`);
 the pod placed where Kueue admitted it and the Scheduled status written, a
 resumed job's pause counted (`schedule`); a pod the poller made but had not
 recorded, recorded (`adopt`); and a waiting job's place in the
@@ -22,10 +22,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from poller import api, kueuegate, podspec
+from poller import api, kueuegate
 from poller.actions import CreatePod, Decision
 from poller.api.settings import Settings
 from poller.draft import StatusDraft
+from poller.jobpod import podspec
 from poller.kueuegate import KueueView
 from poller.timefmt import seconds_between
 from poller.views import JobView, PodView, QueueSlot

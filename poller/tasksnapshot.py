@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from poller import api, podspec, podstorage, taskcode
+from poller import api, taskcode
 from poller.api.settings import CONFIGMAP_NAME, Settings
+from poller.jobpod import offline, podspec
 from poller.kube.client import ApiError, Kube
 from poller.ownership import not_the_jobs
 from poller.views import JobView
@@ -85,7 +86,7 @@ def snapshot_manifest(job: JobView, source: dict[str, Any]) -> dict[str, Any]:
                 ANNOTATION_SOURCE_VERSION: meta.get("resourceVersion", ""),
                 ANNOTATION_DIGEST: content_digest(source),
             },
-            "ownerReferences": [podstorage.owner_reference(job.name, job.uid)],
+            "ownerReferences": [offline.owner_reference(job.name, job.uid)],
         },
         "immutable": True,
         "data": dict(source.get("data") or {}),
@@ -112,7 +113,7 @@ def prepare_custom_tasks(kube: Kube, job: JobView, settings: Settings) -> str | 
     sources: list[_Source] = []
     for index, entry in enumerate(spec.custom_tasks or []):
         if entry.config_map is None:
-            continue  # a Git source: cloned in the pod (poller.podgit)
+            continue  # a Git source: cloned in the pod (poller.jobpod.gittasks)
         where = f"spec.customTasks[{index}]"
         obj = kube.read_configmap(job.namespace, entry.config_map)
         if obj is None:

@@ -35,7 +35,7 @@ from rich.progress import (
 )
 
 from driver.protocol import MARKER_PREFIX
-from poller import api, podspec, timefmt
+from poller import api, timefmt
 from poller.cli import facts, render
 from poller.cli.client import (
     Cluster,
@@ -46,6 +46,7 @@ from poller.cli.client import (
 )
 from poller.cli.errors import ApiError, CliError, ExitCode, explain
 from poller.cli.waitfor import WaitFor
+from poller.jobpod import podspec
 from poller.results.lmeval import LOG_ARCHIVE_KEY
 
 __all__ = ["LogCursor", "follow_job", "show_logs", "visible", "wait_job", "wait_jobs"]

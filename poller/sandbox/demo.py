@@ -54,11 +54,12 @@ from rich.progress import (
 from rich.table import Table
 
 from driver.decoder import decode_text
-from poller import api, podspec
+from poller import api
 from poller.cli import facts
 from poller.cli.client import Cluster
 from poller.cli.errors import ApiError, CliError
 from poller.cli.follow import follow_job
+from poller.jobpod import podspec
 from poller.results.lmeval import score_rows
 from poller.sandbox import build
 from poller.sandbox.bringup import (

@@ -92,8 +92,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO_ROOT))
 
 from driver import protocol  # noqa: E402
-from poller import api, kueuegate, podspec  # noqa: E402
+from poller import api, kueuegate  # noqa: E402
 from poller.api.settings import CONFIGMAP_NAME, Settings  # noqa: E402
+from poller.jobpod import podspec  # noqa: E402
 from poller.kube.client import PAGE_SIZE, Kube  # noqa: E402
 from poller.kube.transport import ApiTransport  # noqa: E402
 from poller.observe import MANAGED_SELECTOR  # noqa: E402

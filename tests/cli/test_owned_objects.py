@@ -45,8 +45,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller import api, podspec
+from poller import api
 from poller.cli.errors import ExitCode
+from poller.jobpod import podspec
 from poller.kube.client import Kube
 from poller.results import lmeval
 from poller.sandbox.controlplane import ControlPlane

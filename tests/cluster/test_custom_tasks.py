@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import api, podspec, tasksnapshot
+from poller import api, tasksnapshot
+from poller.jobpod import podspec
 from poller.reconciler import Reconciler
 from poller.views import JobView
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings

@@ -37,7 +37,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from poller import api, podspec, podstorage
+from poller import api
+from poller.jobpod import offline, podspec
 from poller.kube.client import Kube
 from poller.reconciler import Reconciler
 from poller.results import lmeval
@@ -149,7 +150,7 @@ def test_a_squatted_outputs_claim_fails_the_job_and_is_never_touched(
                     podspec.LABEL_JOB_UID: uid,
                 }
             }
-        name = podstorage.managed_claim_name(job, uid)
+        name = offline.managed_claim_name(job, uid)
         squats[job] = (name, _claim(jobs, name, **metadata))
         pod_names.add(podspec.pod_name(job, uid))
 
@@ -210,7 +211,7 @@ def test_the_jobs_own_claim_is_adopted_and_its_kept_claim_outlives_it(
     # crashed before the pod): adopted, and the pod made.
     crashed = jobs.create("crashed", outputs=MANAGED)
     uid = crashed["metadata"]["uid"]
-    name = podstorage.managed_claim_name("crashed", uid)
+    name = offline.managed_claim_name("crashed", uid)
     made = _claim(jobs, name, ownerReferences=[_owner("crashed", uid)])
     status = _scheduled(poller, jobs, "crashed")
     assert status["outputs"].startswith(f"PersistentVolumeClaim {name}:"), status
@@ -223,7 +224,7 @@ def test_the_jobs_own_claim_is_adopted_and_its_kept_claim_outlives_it(
     # (a second pod) finds it its own.
     kept = jobs.create("kept", outputs=KEPT)
     uid = kept["metadata"]["uid"]
-    name = podstorage.managed_claim_name("kept", uid)
+    name = offline.managed_claim_name("kept", uid)
     _scheduled(poller, jobs, "kept")
     claim = _read_claim(jobs, name)
     assert claim is not None
@@ -252,7 +253,7 @@ def test_the_jobs_own_claim_is_adopted_and_its_kept_claim_outlives_it(
         jobs.custom.delete_namespaced_custom_object(
             api.API_GROUP, api.API_VERSION, jobs.namespace, api.PLURAL, job
         )
-    crashed_claim = podstorage.managed_claim_name("crashed", crashed["metadata"]["uid"])
+    crashed_claim = offline.managed_claim_name("crashed", crashed["metadata"]["uid"])
     wait_for(
         lambda: _read_claim(jobs, crashed_claim) is None,
         timeout=60,
@@ -268,10 +269,10 @@ def test_a_release_only_ever_removes_exactly_the_jobs_reference(
     poller_kube: Kube, jobs: Jobs
 ) -> None:
     uid = jobs.create("owner")["metadata"]["uid"]
-    ours = [podstorage.owner_reference("owner", uid)]
+    ours = [offline.owner_reference("owner", uid)]
     # A real owner: one that does not exist would have the garbage collector delete it.
     another = jobs.create("another")["metadata"]["uid"]
-    other = [podstorage.owner_reference("another", another)]
+    other = [offline.owner_reference("another", another)]
     made = _claim(jobs, "someone-elses", ownerReferences=other)
     # Not the references asked for: the patch's test fails, nothing changes.
     assert not poller_kube.release_claim(jobs.namespace, "someone-elses", ours)

@@ -40,8 +40,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podspec
 from poller.identity import KEY_FIELD, KEY_SECRET
+from poller.jobpod import podspec
 from poller.kube.client import Kube
 from poller.reconciler import Reconciler
 from poller.results import lmeval

@@ -22,7 +22,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from poller import api, podspec
+from poller import api
+from poller.jobpod import podspec
 from poller.kube.client import Kube
 from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox.controlplane import ControlPlane

@@ -42,7 +42,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from poller import api, podstorage
+from poller import api
+from poller.jobpod import offline
 from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import service_account_kubeconfig, user_kubeconfig
@@ -471,7 +472,7 @@ def test_a_claim_squatted_without_any_claim_is_admitted_and_never_taken(
 ) -> None:
     assert jobs.namespace == mallory.namespace
     job = jobs.create("victim", outputs={"pvcManaged": {"size": "1Gi"}})
-    name = podstorage.managed_claim_name("victim", job["metadata"]["uid"])
+    name = offline.managed_claim_name("victim", job["metadata"]["uid"])
     # Mallory reads the job (anyone in the namespace may) and is first:
     # nothing in her claim claims to be the poller's, so the policy admits it.
     assert mallory.create_claim(claim(name), dry_run=False) == (200, "")

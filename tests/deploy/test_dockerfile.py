@@ -23,7 +23,7 @@ Checks:
   USER in group 0;
 - ``job`` installs the driver's wheel with its ``eval`` extra into its venv;
   ``lmeval-driver`` runs there; HF_HOME and the output root are the paths the
-  poller mounts emptyDirs on (poller/podspec.py) and are group-writable. To
+  poller mounts emptyDirs on (poller/jobpod/podspec.py) and are group-writable. To
   keep the suite fast, this stage runs with ``PIP_NO_DEPS=1``: lm-eval and
   its dependencies (~760 MB) are not downloaded again, and instead every
   requirement of ``lmeval-driver[eval]`` (from the wheel's metadata) is
@@ -31,7 +31,7 @@ Checks:
   ``LMEVAL_DOCKERFILE_FULL=1`` installs them for real and imports lm_eval's
   API models in the image's venv;
 - ``driver`` holds the driver at the path the poller's init container copies
-  from: the init container's exact argv (from poller/podspec.py) copies it
+  from: the init container's exact argv (from poller/jobpod/podspec.py) copies it
   into an empty directory, and ``python -m driver`` then runs a command from
   there with nothing but the standard library (a venv without packages),
   and reports the wheel's version (its METADATA travels inside the package);
@@ -64,8 +64,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from poller import podspec
 from poller.api.settings import Settings
+from poller.jobpod import podspec
 from poller.sandbox import images
 from poller.sandbox.version import current as current_version
 from tests.deploy.conftest import DEPLOY, REPO, find, yaml_file

@@ -34,7 +34,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from poller import api, podstorage
+from poller import api
+from poller.jobpod import offline
 from poller.kube.client import Kube
 from poller.leader import LeaderElector
 from poller.reconciler import Reconciler
@@ -228,7 +229,7 @@ def test_every_rule_is_used_and_nothing_is_refused(
         jobs.namespace,
         {
             "metadata": {
-                "name": podstorage.managed_claim_name("squatted", squatted["metadata"]["uid"])
+                "name": offline.managed_claim_name("squatted", squatted["metadata"]["uid"])
             },
             "spec": {
                 "accessModes": ["ReadWriteOnce"],

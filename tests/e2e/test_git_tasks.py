@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podgit
+from poller.jobpod import gittasks
 from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
@@ -140,7 +140,7 @@ def test_pinned_commit_from_git_daemon(
 
     pod = jobs.pod(final["podName"])
     assert pod.spec.automount_service_account_token is False
-    inits = [c for c in pod.spec.init_containers if podgit.is_container_name(c.name)]
+    inits = [c for c in pod.spec.init_containers if gittasks.is_container_name(c.name)]
     steps = ("init", "sparse", "fetch", "checkout", "record")
     assert [c.name for c in inits] == [f"git-0-{step}" for step in steps]
     for container in inits:

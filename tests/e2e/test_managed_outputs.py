@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podspec, podstorage
+from poller.jobpod import offline, podspec
 from poller.reconciler import Reconciler
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
@@ -42,7 +42,7 @@ def test_the_poller_makes_the_outputs_claim_and_it_goes_with_the_job(
     job["spec"]["outputs"] = {"pvcManaged": {"size": "1Gi"}}
     created = submit(admin_api, jobs.namespace, job)
     uid = created["metadata"]["uid"]
-    claim_name = podstorage.managed_claim_name("managed-out", uid)
+    claim_name = offline.managed_claim_name("managed-out", uid)
     volume_dir = tmp_path / "volume"
     volume_dir.mkdir()
     core = client.CoreV1Api(admin_api)

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podtls
+from poller.jobpod import modeltls
 from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.pki import serving_ca
@@ -106,7 +106,7 @@ def test_https_model_trusted_through_a_ca_configmap(
     volume = next(v for v in pod.spec.volumes if v.name == "model-ca")
     assert volume.config_map.name == "model-ca"
     mount = next(m for m in pod.spec.containers[0].volume_mounts if m.name == "model-ca")
-    assert (mount.mount_path, mount.read_only) == (podtls.MODEL_CA_DIR, True)
+    assert (mount.mount_path, mount.read_only) == (modeltls.MODEL_CA_DIR, True)
     root = runner.pod_root(jobs.namespace, final["podName"])
     assert root is not None
     written = results_file(root)

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podoci
+from poller.jobpod import ocioutput
 from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
@@ -106,7 +106,7 @@ def test_results_pushed_with_basic_auth_and_read_back_with_skopeo(
     assert "resultsArtifactError" not in final
     assert _condition(final)["status"] == "True"
 
-    tag = podoci.default_tag("oci-push", created["metadata"]["uid"])
+    tag = ocioutput.default_tag("oci-push", created["metadata"]["uid"])
     manifest = registry.skopeo_raw(f"team/evals:{tag}")
     assert manifest["artifactType"] == "application/vnd.lmeval.results.v1+json"
     digest = artifact.split("@")[1]
@@ -123,7 +123,7 @@ def test_results_pushed_with_basic_auth_and_read_back_with_skopeo(
     pod = jobs.pod(final["podName"])
     assert USERS["pusher"] not in json.dumps(pod.spec.containers[0].command)
     mount = next(m for m in pod.spec.containers[0].volume_mounts if m.name == "oci-credentials")
-    assert (mount.mount_path, mount.read_only) == (podoci.CREDENTIALS_DIR, True)
+    assert (mount.mount_path, mount.read_only) == (ocioutput.CREDENTIALS_DIR, True)
 
 
 def test_a_refused_push_keeps_the_results_and_says_why(

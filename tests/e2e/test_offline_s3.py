@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podstorage
+from poller.jobpod import offline
 from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
@@ -111,12 +111,12 @@ def test_standard_task_with_its_dataset_from_s3_offline(
 
     pod = jobs.pod(final["podName"])
     [fetch] = pod.status.init_container_statuses
-    assert fetch.name == podstorage.FETCH_CONTAINER
+    assert fetch.name == offline.FETCH_CONTAINER
     assert (fetch.state.terminated.exit_code, fetch.state.terminated.reason) == (0, "Completed")
     prefix = s3.root / "evals" / "team" / "hf"
     expected = sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*") if p.is_file())
     fetch_log = jobs.core.read_namespaced_pod_log(
-        final["podName"], jobs.namespace, container=podstorage.FETCH_CONTAINER
+        final["podName"], jobs.namespace, container=offline.FETCH_CONTAINER
     )
     assert f"fetched {len(expected)} object(s)" in fetch_log, fetch_log
     assert "s3://evals/team/hf" in fetch_log

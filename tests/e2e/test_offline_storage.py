@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import podstorage
+from poller.jobpod import offline
 from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
@@ -87,11 +87,11 @@ def test_standard_task_with_its_dataset_from_a_claim_offline(
     assert model_server.count("POST /v1/completions") > 0
 
     pod = jobs.pod(final["podName"])
-    [volume] = [v for v in pod.spec.volumes if v.name == podstorage.STORAGE_VOLUME]
+    [volume] = [v for v in pod.spec.volumes if v.name == offline.STORAGE_VOLUME]
     assert volume.persistent_volume_claim.claim_name == "hf-cache"
     assert volume.persistent_volume_claim.read_only is True
     env = {e.name: e.value for e in pod.spec.containers[0].env}
-    assert env["HF_HUB_CACHE"] == podstorage.HUB_CACHE
+    assert env["HF_HUB_CACHE"] == offline.HUB_CACHE
     assert env["HF_HUB_OFFLINE"] == env["HF_DATASETS_OFFLINE"] == "1"
     log = jobs.core.read_namespaced_pod_log(final["podName"], jobs.namespace, container="lmeval")
     assert "dataset(s) of" in log and "allenai/ai2_arc" in log

@@ -16,7 +16,8 @@ import json
 import pytest
 from kubernetes import client
 
-from poller import api, podspec
+from poller import api
+from poller.jobpod import podspec
 from poller.reconciler import Reconciler
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample

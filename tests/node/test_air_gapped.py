@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
-from poller import podgit, podstorage
 from poller.api.settings import Settings
+from poller.jobpod import gittasks, offline
 from poller.sandbox.nodeconfig import NODE_IP
 from poller.sandbox.s3server import S3Server
 from tests.e2e.gitserver import GitDaemon, commit_files, git
@@ -105,7 +105,7 @@ def test_standard_task_offline_from_a_read_only_claim(
 
     pod = _kept_pod(node_cluster, job_namespace, "arc-offline")
     main = _runtime_specs(node_cluster, pod, "containerStatuses")["lmeval"]
-    claim = _mount(main, podstorage.STORAGE_ROOT)
+    claim = _mount(main, offline.STORAGE_ROOT)
     assert claim is not None, main["mounts"]
     # The kubelet bind-mounted the PV's directory, read-only: runc refuses
     # every write below it, whatever the job's code tries.
@@ -113,7 +113,7 @@ def test_standard_task_offline_from_a_read_only_claim(
     assert "ro" in claim["options"], claim
     _assert_restricted("lmeval", main)
     env = dict(entry.split("=", 1) for entry in main["process"]["env"])
-    assert env["HF_HUB_CACHE"] == podstorage.HUB_CACHE
+    assert env["HF_HUB_CACHE"] == offline.HUB_CACHE
     assert env["HF_HUB_OFFLINE"] == env["HF_DATASETS_OFFLINE"] == "1"
     # Read, never written: datasets' Arrow cache went to the pod's HF_HOME.
     assert tree_state(storage) == before
@@ -177,11 +177,11 @@ def test_standard_task_offline_from_s3_fetched_by_an_init_container(
 
     pod = _kept_pod(node_cluster, job_namespace, "arc-s3")
     (fetched,) = pod["status"]["initContainerStatuses"]
-    assert fetched["name"] == podstorage.FETCH_CONTAINER
+    assert fetched["name"] == offline.FETCH_CONTAINER
     assert fetched["state"]["terminated"]["exitCode"] == 0, fetched
-    fetch = _runtime_specs(node_cluster, pod, "initContainerStatuses")[podstorage.FETCH_CONTAINER]
+    fetch = _runtime_specs(node_cluster, pod, "initContainerStatuses")[offline.FETCH_CONTAINER]
     main = _runtime_specs(node_cluster, pod, "containerStatuses")["lmeval"]
-    _assert_restricted(podstorage.FETCH_CONTAINER, fetch)
+    _assert_restricted(offline.FETCH_CONTAINER, fetch)
     _assert_restricted("lmeval", main)
     # The kubelet resolved the Secret's keys into the fetch container alone.
     fetch_env = dict(entry.split("=", 1) for entry in fetch["process"]["env"])
@@ -237,10 +237,10 @@ def test_tasks_cloned_by_git_init_containers_under_the_restricted_profile(
     pod = _kept_pod(node_cluster, job_namespace, "from-git")
     inits = _runtime_specs(node_cluster, pod, "initContainerStatuses")
     steps = ("init", "sparse", "fetch", "checkout", "record")
-    assert sorted(inits) == sorted(f"{podgit.CONTAINER_PREFIX}0-{step}" for step in steps)
+    assert sorted(inits) == sorted(f"{gittasks.CONTAINER_PREFIX}0-{step}" for step in steps)
     for status_entry in pod["status"]["initContainerStatuses"]:
         assert status_entry["state"]["terminated"]["exitCode"] == 0, status_entry
         assert status_entry["imageID"], status_entry
     for name, spec in inits.items():
         assert spec["process"]["args"][0] == "git", (name, spec["process"]["args"])
-        _assert_restricted(name, spec, uid=podgit.GIT_UID)
+        _assert_restricted(name, spec, uid=gittasks.GIT_UID)

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from poller import api, podspec
+from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import podspec
 from poller.sandbox import images
 
 pytestmark = [pytest.mark.node]

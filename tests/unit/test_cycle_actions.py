@@ -17,8 +17,9 @@ import threading
 from typing import Any
 
 from driver.protocol import encode_marker
-from poller import api, podspec
+from poller import api
 from poller.identity import KEY_FIELD, PodProof
+from poller.jobpod import podspec
 from poller.kube.client import JobsPage, LogTail
 from poller.reconciler import ACTION_WORKERS, Reconciler
 from poller.views import PROOF_ANNOTATION

@@ -15,8 +15,9 @@ import pytest
 
 from driver import __main__ as driver_cli
 from driver import protocol
-from poller import api, podspec
+from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import podspec
 
 
 def _spec(**fields: Any) -> api.LMEvalJobSpec:

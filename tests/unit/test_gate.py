@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller import api, decide, gate, podspec
+from poller import api, decide, gate
 from poller.actions import Needs, PatchStatus, PatchWorkloadStatus, PostEvent
 from poller.gate import GateView, ItemsRead
+from poller.jobpod import podspec
 from poller.kueuegate import KueueView, WorkloadView
 from poller.views import JobView
 from tests.unit.test_decide import NOW, SETTINGS

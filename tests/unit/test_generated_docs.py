@@ -297,9 +297,8 @@ def test_the_known_status_messages_are_extracted() -> None:
 
 def test_a_new_call_site_is_noticed(tmp_path: Path) -> None:
     package = tmp_path / "poller"
-    package.mkdir()
-    for path in (REPO / "poller").glob("*.py"):
-        shutil.copy(path, package / path.name)
+    ignored = shutil.ignore_patterns("cli", "sandbox", "__pycache__", "*.md")
+    shutil.copytree(REPO / "poller", package, ignore=ignored)
     (package / "newwriter.py").write_text(
         "from poller import api\n"
         "from poller.draft import StatusDraft\n"

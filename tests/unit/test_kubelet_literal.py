@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from poller import api, podspec
+from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import podspec
 from poller.sandbox.podfs import expand_vars
 
 ENV = {"SOME_VAR": "true,verify_certificate=False", "X": "expanded", "HOME": "/tmp"}

@@ -28,10 +28,11 @@ from typing import Any
 
 import pytest
 
-from poller import api, ownership, podspec, podstorage
+from poller import api, ownership
 from poller.act import Actuator
 from poller.api.settings import Settings
 from poller.identity import PodProof
+from poller.jobpod import offline, podspec
 from poller.kube.client import Conflict
 from poller.podreads import PodReads
 from poller.results import lmeval
@@ -44,7 +45,7 @@ UID = "uid-job"
 
 
 def owned_by(uid: str, *, name: str = "eval", controller: bool = True) -> dict[str, Any]:
-    ref = {**podstorage.owner_reference(name, uid)}
+    ref = {**offline.owner_reference(name, uid)}
     ref["controller"] = controller
     return {"metadata": {"name": "x", "ownerReferences": [ref]}}
 
@@ -79,7 +80,7 @@ def test_a_label_naming_the_job_does_not_make_an_object_the_jobs() -> None:
 
 def test_the_message_names_the_object_its_kind_and_what_to_do() -> None:
     why = ownership.not_the_jobs({"metadata": {}}, UID) or ""
-    message = podstorage.foreign_object_message(
+    message = offline.foreign_object_message(
         "PersistentVolumeClaim", "eval-outputs-abc123", "team-a", "outputs claim", why
     )
     assert message.startswith(
@@ -108,8 +109,8 @@ def test_every_managed_claim_is_controlled_by_its_job(keep: bool) -> None:
 
 
 def test_kept_claim_reads_keep_from_the_raw_spec() -> None:
-    name = podstorage.managed_claim_name("eval", UID)
-    assert podstorage.kept_claim({"outputs": {"pvcManaged": {"keep": True}}}, "eval", UID) == name
+    name = offline.managed_claim_name("eval", UID)
+    assert offline.kept_claim({"outputs": {"pvcManaged": {"keep": True}}}, "eval", UID) == name
     for raw in (
         {},
         {"outputs": {"pvcManaged": {"size": "1Gi"}}},
@@ -118,7 +119,7 @@ def test_kept_claim_reads_keep_from_the_raw_spec() -> None:
         {"outputs": {"pvcName": "mine"}},
         {"outputs": "garbage"},
     ):
-        assert podstorage.kept_claim(raw, "eval", UID) is None, raw
+        assert offline.kept_claim(raw, "eval", UID) is None, raw
 
 
 # -- the actuator, with a recording stand-in for the API --------------------------------
@@ -217,7 +218,7 @@ def test_a_squatted_outputs_claim_fails_the_job_and_is_never_touched(
 ) -> None:
     kube = StandIn(claim=squatter)
     start(kube, job(pvcManaged={"size": "1Gi", "keep": True}))
-    name = podstorage.managed_claim_name("eval", UID)
+    name = offline.managed_claim_name("eval", UID)
     assert kube.kinds() == ["read_configmap", "create_claim", "patch_job_status", "post_event"]
     message = failure_message(kube)
     assert f"PersistentVolumeClaim {name} in namespace ns exists and is not this job's" in message
@@ -256,8 +257,8 @@ def test_a_kept_claim_is_released_before_the_status_that_ends_the_job() -> None:
     actuator(kube).carry_out(view, ending, Settings(), NOW, Tally())
     assert kube.kinds()[:2] == ["release_claim", "patch_job_status"]
     [(name, owners)] = [value for kind, value in kube.calls if kind == "release_claim"]
-    assert name == podstorage.managed_claim_name("eval", UID)
-    assert owners == [podstorage.owner_reference("eval", UID)]
+    assert name == offline.managed_claim_name("eval", UID)
+    assert owners == [offline.owner_reference("eval", UID)]
 
     plain = StandIn()
     view = job(pvcManaged={"size": "1Gi"})

@@ -1,6 +1,6 @@
 """TLS to the model endpoint and chat options: the pod and argv shaping, and the rules.
 
-Pure checks of ``poller.podtls`` (the CA bundle's volume, mount and variable;
+Pure checks of ``poller.jobpod.modeltls`` (the CA bundle's volume, mount and variable;
 the refusal of verify_certificate=false unless the settings allow it), of the
 chat options on lm_eval's argv (``podspec.lm_eval_argv``), of the schema's
 "exactly one source" and "fewshotAsMultiturn needs chatTemplate" rules, and
@@ -18,8 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from driver import protocol, trust
-from poller import api, podspec, podtls
+from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import modeltls, podspec
 from poller.sandbox import crd
 from poller.sandbox.pki import serving_ca
 
@@ -70,11 +71,11 @@ def test_ca_bundle_is_mounted_read_only_and_named_for_the_driver(
     assert volumes["model-ca"] == {"name": "model-ca", **source}
     main = _main(pod)
     mount = next(m for m in main["volumeMounts"] if m["name"] == "model-ca")
-    assert mount == {"name": "model-ca", "mountPath": podtls.MODEL_CA_DIR, "readOnly": True}
+    assert mount == {"name": "model-ca", "mountPath": modeltls.MODEL_CA_DIR, "readOnly": True}
     env = {e["name"]: e.get("value") for e in main["env"]}
-    assert env[protocol.ENV_CA_BUNDLE] == podtls.MODEL_CA_FILE
+    assert env[protocol.ENV_CA_BUNDLE] == modeltls.MODEL_CA_FILE
     # The driver sets the clients' variables for lm_eval, not the pod.
-    assert not set(podtls.TRUST_ENV) & set(env)
+    assert not set(modeltls.TRUST_ENV) & set(env)
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
 
 

@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 
 from driver.protocol import encode_marker, encode_results
-from poller import decide, outcome, podspec
+from poller import decide, outcome
 from poller.actions import Decision, LogRequest, Needs
 from poller.api.settings import Settings
 from poller.identity import KEY_FIELD, PodProof
+from poller.jobpod import podspec
 from poller.kube.client import JobsPage, LogTail
 from poller.reconciler import Reconciler
 from poller.routing import Step, route

@@ -17,9 +17,10 @@ from pydantic import ValidationError
 
 from driver import ocipush
 from driver.decoder import Outcome
-from poller import api, outcome, podoci, podspec
+from poller import api, outcome
 from poller.api.settings import Settings
 from poller.draft import StatusDraft
+from poller.jobpod import ocioutput, podspec
 from poller.views import JobView
 
 DIGEST = "sha256:" + "a" * 64
@@ -134,11 +135,11 @@ def test_pod_pushes_with_the_mounted_secret() -> None:
     )
     pod = podspec.build_pod(name="j", namespace="ns", uid="u", spec=spec, settings=Settings())
     main = pod["spec"]["containers"][0]
-    tag = podoci.default_tag("j", "u")
+    tag = ocioutput.default_tag("j", "u")
     options = main["command"][: main["command"].index("--")]
     assert f"--oci-push=127.0.0.1:5000/team/evals:{tag}" in options
     assert f"--oci-subject={DIGEST}" in options
-    assert f"--oci-auth={podoci.CREDENTIALS_FILE}" in options
+    assert f"--oci-auth={ocioutput.CREDENTIALS_FILE}" in options
     assert "--oci-scheme=http" in options
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "oci-credentials")
     assert volume["secret"]["secretName"] == "registry-creds"
@@ -146,7 +147,7 @@ def test_pod_pushes_with_the_mounted_secret() -> None:
     mount = next(m for m in main["volumeMounts"] if m["name"] == "oci-credentials")
     assert mount == {
         "name": "oci-credentials",
-        "mountPath": podoci.CREDENTIALS_DIR,
+        "mountPath": ocioutput.CREDENTIALS_DIR,
         "readOnly": True,
     }
     plain = podspec.build_pod(
@@ -165,9 +166,9 @@ def test_pod_pushes_with_the_mounted_secret() -> None:
 def test_default_tag_is_a_valid_tag_unique_per_job() -> None:
     long = "a" * 120 + ".b-" + "c" * 100
     for name in ("j", long, "x" * 253):
-        tag = podoci.default_tag(name, "uid-1")
+        tag = ocioutput.default_tag(name, "uid-1")
         assert len(tag) <= 128 and api.OciOutput(repository="r.example.com/e", tag=tag)
-    assert podoci.default_tag("j", "uid-1") != podoci.default_tag("j", "uid-2")
+    assert ocioutput.default_tag("j", "uid-1") != ocioutput.default_tag("j", "uid-2")
 
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)

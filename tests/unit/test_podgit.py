@@ -22,8 +22,9 @@ from pydantic import ValidationError
 
 from driver import protocol
 from driver.provenance import read_task_sources
-from poller import api, podgit, podspec
+from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import gittasks, podspec
 
 SHA = "3039f5ab07bd1865078460dbf92219adbcd1c2b3"
 URL = "https://git.example.com/org/tasks.git"
@@ -104,7 +105,7 @@ def test_each_entry_is_one_source() -> None:
 
 
 def _inits(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in pod["spec"]["initContainers"] if podgit.is_container_name(c["name"])]
+    return [c for c in pod["spec"]["initContainers"] if gittasks.is_container_name(c["name"])]
 
 
 def test_pinned_commit_is_one_git_command_per_container() -> None:
@@ -124,7 +125,7 @@ def test_pinned_commit_is_one_git_command_per_container() -> None:
         context = container["securityContext"]
         assert context["runAsNonRoot"] and not context["allowPrivilegeEscalation"]
         assert context["readOnlyRootFilesystem"] and context["capabilities"] == {"drop": ["ALL"]}
-        assert context["runAsUser"] == podgit.GIT_UID
+        assert context["runAsUser"] == gittasks.GIT_UID
         assert container["image"] == SETTINGS.git_image
     spec = pod["spec"]
     assert spec["automountServiceAccountToken"] is False
@@ -238,22 +239,22 @@ RAW = {"customTasks": [{"configMap": "cm"}, {"git": {"url": URL, "branch": "main
     ],
 )
 def test_clone_failure_names_the_field(container: str, log: str, expected: str) -> None:
-    assert podgit.clone_failure(RAW, container, 1, log) == expected
+    assert gittasks.clone_failure(RAW, container, 1, log) == expected
 
 
 def test_clone_failure_blames_credentials_path_and_commit() -> None:
     raw = {
         "customTasks": [{"git": {"url": URL, "commit": SHA, "path": "t", "credentialsSecret": "s"}}]
     }
-    auth = podgit.clone_failure(raw, "git-0-fetch", 128, "fatal: Authentication failed for 'x'")
+    auth = gittasks.clone_failure(raw, "git-0-fetch", 128, "fatal: Authentication failed for 'x'")
     assert auth is not None and auth.startswith("spec.customTasks[0].git.credentialsSecret: ")
-    ref = podgit.clone_failure(raw, "git-0-fetch", 128, "fatal: remote error: not our ref x")
+    ref = gittasks.clone_failure(raw, "git-0-fetch", 128, "fatal: remote error: not our ref x")
     assert ref is not None and ref.startswith(
         f"spec.customTasks[0].git.commit: fetching {URL} at {SHA}"
     )
-    path = podgit.clone_failure(raw, "git-0-record", 128, "fatal: cannot change to '/x/t'")
+    path = gittasks.clone_failure(raw, "git-0-record", 128, "fatal: cannot change to '/x/t'")
     assert path is not None and path.startswith("spec.customTasks[0].git.path: reading the commit")
-    assert podgit.clone_failure(raw, "install-driver", 1, "x") is None
+    assert gittasks.clone_failure(raw, "install-driver", 1, "x") is None
 
 
 def test_status_keeps_only_what_the_spec_names() -> None:
@@ -265,12 +266,12 @@ def test_status_keeps_only_what_the_spec_names() -> None:
         ("x", SHA),
         ("1 ", SHA),
     ]
-    assert podgit.status_entries(RAW, reported) == [
+    assert gittasks.status_entries(RAW, reported) == [
         {"name": "customTasks[1]", "url": URL, "branch": "main", "commit": SHA}
     ]
-    assert podgit.status_entries(RAW, [("1", "not-a-commit")]) == []
+    assert gittasks.status_entries(RAW, [("1", "not-a-commit")]) == []
     status = api.LMEvalJobStatus.model_validate(
-        {"taskSources": podgit.status_entries(RAW, reported)}
+        {"taskSources": gittasks.status_entries(RAW, reported)}
     )
     assert status.task_sources is not None and status.task_sources[0].commit == SHA
 

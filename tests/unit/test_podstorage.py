@@ -1,4 +1,4 @@
-"""spec.offline.storage in the job pod (poller/podstorage.py through podspec.build_pod)."""
+"""spec.offline.storage in the job pod (poller/jobpod/offline.py through podspec.build_pod)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from driver import protocol
-from poller import api, podspec, podstorage
+from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import offline as podstorage
+from poller.jobpod import podspec
 
 
 def _spec(**fields: Any) -> api.LMEvalJobSpec:

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from poller import api, podspec
+from poller import api
 from poller.api.settings import Settings, SettingsTracker, parse_duration
+from poller.jobpod import podspec
 from poller.queue import fair_order, plan_queue
 from poller.results import lmeval
 from poller.sandbox import crd

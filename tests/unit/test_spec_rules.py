@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from poller import api, decide, podspec
+from poller import api, decide
 from poller.actions import CreatePod, PatchStatus
 from poller.api import rules as specrules
 from poller.api.settings import Settings
+from poller.jobpod import podspec
 from poller.sandbox import crd
 from poller.timefmt import format_time
 from poller.views import JobView

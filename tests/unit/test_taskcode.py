@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from poller import api, podspec, tasksnapshot
+from poller import api, tasksnapshot
+from poller.jobpod import podspec
 from poller.taskcode import (
     MAX_CONFIGMAP_BYTES,
     MAX_FINDINGS,

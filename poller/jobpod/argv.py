@@ -7,14 +7,15 @@ by lm_eval's parser as another option. The checks that refuse a job before
 any pod exists live beside it (code execution and online access that the
 settings forbid, TLS problems, Git tasks and ``trust_remote_code`` without
 allowCodeExecution), as does the size preset that picks the device.
-`poller.podspec` builds the pod around this argv.
+`poller.jobpod.podspec` builds the pod around this argv.
 """
 
 from __future__ import annotations
 
-from poller import api, podgit, podtls
+from poller import api
 from poller.api import rules
 from poller.api.settings import Settings
+from poller.jobpod import gittasks, modeltls
 
 __all__ = ["CUSTOM_TASKS_ROOT", "JobPodError", "lm_eval_argv", "resources_for"]
 
@@ -42,7 +43,7 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
             "spec.allowOnline is true but the poller settings do not allow online jobs "
             "(allow-online: false in ConfigMap lmeval-poller-config)"
         )
-    if problem := podtls.tls_problem(spec, settings):
+    if problem := modeltls.tls_problem(spec, settings):
         raise JobPodError(problem)
     # The schema refuses it too; checked here because the argv is where it would
     # take effect (a job stored under an older schema ends Failed, same words).
@@ -65,8 +66,8 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
         argv.append("--log_samples")
     if spec.allow_code_execution:
         argv.append("--confirm_run_unsafe_code")
-    if podgit.git_sources(spec) and not spec.allow_code_execution:
-        index = podgit.git_sources(spec)[0][0]
+    if gittasks.git_sources(spec) and not spec.allow_code_execution:
+        index = gittasks.git_sources(spec)[0][0]
         raise JobPodError(
             f"spec.customTasks[{index}].git: task files from Git are not inspected by the "
             "poller, and lm_eval runs the Python they name: set spec.allowCodeExecution (and "

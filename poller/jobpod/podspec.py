@@ -5,7 +5,7 @@ rather than patched afterwards: the restricted Pod Security profile (non-root,
 no privilege escalation, every capability dropped, RuntimeDefault seccomp, a
 read-only root filesystem with emptyDirs for the few writable paths), a
 service account without rights and without a mounted token, and an lm_eval
-command line assembled as an argv list (`poller.podargv`: every option a
+command line assembled as an argv list (`poller.jobpod.argv`: every option a
 single ``--flag=value`` token). Every string of the containers the poller
 builds reaches the process literally: the kubelet's ``$(VAR)`` expansion is
 escaped once, for all of them (`kubelet_literal`).
@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from driver import protocol
-from poller import api, podgit, podoci, podstorage, podtls
+from poller import api
 from poller.api.rules import (
     CODE_EVAL_ENV,
     OFFLINE_ENV,
@@ -32,7 +32,8 @@ from poller.api.rules import (
     node_env_name_problem,
 )
 from poller.api.settings import Settings
-from poller.podargv import CUSTOM_TASKS_ROOT, JobPodError, lm_eval_argv, resources_for
+from poller.jobpod import gittasks, modeltls, ocioutput, offline
+from poller.jobpod.argv import CUSTOM_TASKS_ROOT, JobPodError, lm_eval_argv, resources_for
 
 __all__ = [
     "CUSTOM_TASKS_ROOT",
@@ -160,9 +161,9 @@ def _env(
         env.append({"name": CODE_EVAL_ENV, "value": "1"})
     if use_copied_driver:
         env.append({"name": "PYTHONPATH", "value": DRIVER_MOUNT})
-    if not (spec.allow_online and settings.allow_online) or podstorage.forces_offline(spec):
+    if not (spec.allow_online and settings.allow_online) or offline.forces_offline(spec):
         env += [{"name": name, "value": "1"} for name in OFFLINE_ENV]
-    env += podstorage.storage_env(spec)
+    env += offline.storage_env(spec)
     # The schema refuses these names already (specrules holds the one list);
     # checked again here because the pod is where they would take effect.
     for item in (spec.pod.env if spec.pod else None) or []:
@@ -185,7 +186,7 @@ def _env(
 
 def outputs_location(spec: api.LMEvalJobSpec, name: str, uid: str) -> str | None:
     """Where a job's full outputs go, as status reports it (None: only in the pod)."""
-    claim = podstorage.outputs_claim(spec, name, uid)
+    claim = offline.outputs_claim(spec, name, uid)
     if claim is None:
         return None
     return (
@@ -203,7 +204,7 @@ def managed_claim(
         LABEL_JOB_NAME: _label_value(name),
         LABEL_JOB_UID: uid,
     }
-    return podstorage.managed_claim(spec, name, namespace, uid, labels)
+    return offline.managed_claim(spec, name, namespace, uid, labels)
 
 
 def uid_range_start(annotation: str | None) -> int | None:
@@ -232,7 +233,7 @@ def driver_command(settings: Settings) -> list[str]:
 def _sidecars(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
     containers: list[dict[str, Any]] = []
     for sidecar in (spec.pod.sidecars if spec.pod else None) or []:
-        if sidecar.name in (MAIN_CONTAINER, "install-driver") or podgit.is_container_name(
+        if sidecar.name in (MAIN_CONTAINER, "install-driver") or gittasks.is_container_name(
             sidecar.name
         ):
             raise JobPodError(f"spec.pod.sidecars: the name {sidecar.name!r} is reserved")
@@ -268,10 +269,10 @@ def build_pod(
     """
     volumes, mounts = _job_volumes(name, uid, spec)
     for extra_volumes, extra_mounts in (
-        podtls.tls_volumes(spec),
-        podstorage.storage_volumes(spec),
-        podstorage.config_map_volumes(spec),
-        podoci.oci_volumes(spec),
+        modeltls.tls_volumes(spec),
+        offline.storage_volumes(spec),
+        offline.config_map_volumes(spec),
+        ocioutput.oci_volumes(spec),
     ):
         volumes, mounts = volumes + extra_volumes, mounts + extra_mounts
     init_containers: list[dict[str, Any]] = []
@@ -280,14 +281,14 @@ def build_pod(
         mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
         init_containers.append(_driver_init_container(settings))
     try:
-        init_containers += podgit.init_containers(
+        init_containers += gittasks.init_containers(
             spec, settings, _security_context(), run_as_user is not None, "tmp", CUSTOM_TASKS_ROOT
         )
-    except podgit.GitPodError as error:
+    except gittasks.GitPodError as error:
         raise JobPodError(str(error)) from None
-    volumes += podgit.volumes(spec)
-    mounts += podgit.main_mounts(spec, CUSTOM_TASKS_ROOT)
-    if (fetch := podstorage.fetch_container(spec, driver_command(settings))) is not None:
+    volumes += gittasks.volumes(spec)
+    mounts += gittasks.main_mounts(spec, CUSTOM_TASKS_ROOT)
+    if (fetch := offline.fetch_container(spec, driver_command(settings))) is not None:
         init_containers.append(_with_profile(fetch, settings))
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -340,7 +341,7 @@ def _job_volumes(
         {"name": "tmp", "mountPath": POD_TMP},
         {"name": "hf-home", "mountPath": HF_HOME},
     ]
-    pvc = podstorage.outputs_claim(spec, name, uid)
+    pvc = offline.outputs_claim(spec, name, uid)
     if pvc:
         volumes.append({"name": "outputs", "persistentVolumeClaim": {"claimName": pvc}})
     else:
@@ -354,7 +355,7 @@ def _job_volumes(
         mounts.append({"name": f"secret-{index}", "mountPath": secret.mount_path, "readOnly": True})
     for source in spec.custom_tasks or []:
         if source.config_map is None:
-            continue  # a Git source: see poller.podgit
+            continue  # a Git source: see poller.jobpod.gittasks
         # The pod mounts the job's immutable snapshot of the ConfigMap (made by
         # the poller just before the pod, see poller/tasksnapshot.py), at the
         # path named after the source, where the task files point.
@@ -420,8 +421,8 @@ def _main_container(
 ) -> dict[str, Any]:
     """The evaluation container: the driver running lm_eval."""
     # The complete output outlives the pod on the claim, beside the results.
-    keeps_log = podstorage.outputs_claim(spec, name, uid) is not None
-    oci = podoci.driver_options(spec, name, uid)
+    keeps_log = offline.outputs_claim(spec, name, uid) is not None
+    oci = ocioutput.driver_options(spec, name, uid)
     command = protocol.run_argv(
         driver_command(settings),
         # -P: lm_eval's working directory (the hub view of a shared cache, see
@@ -431,8 +432,8 @@ def _main_container(
         grace_period=DRIVER_GRACE_SECONDS,
         hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
         log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
-        task_sources=podgit.CLONE_ROOT if podgit.git_sources(spec) else None,
-        hub_datasets=podstorage.hub_datasets(spec),
+        task_sources=gittasks.CLONE_ROOT if gittasks.git_sources(spec) else None,
+        hub_datasets=offline.hub_datasets(spec),
         oci_push=oci.push,
         oci_subject=oci.subject,
         oci_auth=oci.auth,
@@ -443,7 +444,7 @@ def _main_container(
         "image": settings.pod_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": _env(spec, settings, bool(settings.driver_image)) + podtls.tls_env(spec),
+        "env": _env(spec, settings, bool(settings.driver_image)) + modeltls.tls_env(spec),
         "securityContext": _security_context(),
         "volumeMounts": mounts,
         "workingDir": POD_TMP,
