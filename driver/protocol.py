@@ -233,7 +233,7 @@ MAX_RESULTS_JSON_ELEMENTS = 200_000
 MAX_RESULTS_MARKER_CHARS = RESULTS_CHUNK_CHARS + 1024
 # Per-item scores (``items`` markers, driver.itemscores JSON), sent after the
 # results. Their chunks must fit the poller's narrow results window with the
-# results' own (see poller.outcome.RESULTS_TAIL_LINES): that window, 16 KiB
+# results' own (see poller.decisions.outcome.RESULTS_TAIL_LINES): that window, 16 KiB
 # per runtime line, must fit a results read's 2 MiB, which leaves room for 4
 # chunks, 96,000 compressed bytes. In items: a 0/1 metric is one bit per
 # document before compression (base64 and zlib roughly cancel out), so about

@@ -29,7 +29,9 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from poller import api, tasksnapshot
-from poller.actions import (
+from poller.api import JobState
+from poller.api.settings import Settings
+from poller.decisions.actions import (
     ArchiveLog,
     CreatePod,
     CreateWorkload,
@@ -43,16 +45,14 @@ from poller.actions import (
     ReleaseHold,
     StoreResults,
 )
-from poller.api import JobState
-from poller.api.settings import Settings
+from poller.decisions.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
+from poller.decisions.views import JobView, PodView, controller_reference, pod_fingerprint
 from poller.identity import PodProof
 from poller.jobpod import offline, podspec
 from poller.kube.client import ApiError, Conflict, Kube, NotOwned
-from poller.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
 from poller.podreads import PodReads
 from poller.results import lmeval
 from poller.statuswrites import AdmittedPod, StatusWrites, with_outcome_of_actions
-from poller.views import JobView, PodView, controller_reference, pod_fingerprint
 
 __all__ = ["Actuator", "Tally", "refused_for_good"]
 

@@ -41,9 +41,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from poller.decisions.views import PROOF_ANNOTATION
 from poller.kube.client import Conflict, Kube, NotFound
 from poller.timefmt import now, parse_time
-from poller.views import PROOF_ANNOTATION
 
 __all__ = [
     "KEY_BYTES",

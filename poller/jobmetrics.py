@@ -8,7 +8,7 @@ job is remembered, so a deleted job's series are gone from the next scrape
 after it leaves both (the sweep removes a deleted finished job from the
 store) instead of lingering at their last value. A job's scores were parsed
 from its results JSON once, when its view was built
-(`poller.views.JobView.scores`), not on every scrape; and a scrape builds one
+(`poller.decisions.views.JobView.scores`), not on every scrape; and a scrape builds one
 metric family at a time, so exposing 100,000 jobs never holds all their
 samples at once. A plain scrape has each part written straight to text
 (`JobFamilyPart.text`): at 100,000 finished jobs that is most of what the
@@ -31,8 +31,8 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from poller import api
+from poller.decisions.views import JobView
 from poller.jobseries import GateSeries, JobSeries, series_of
-from poller.views import JobView
 
 __all__ = ["STATES", "JobCollector", "JobFamilyPart", "family_labels"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from sys import intern
 
 from poller import api
+from poller.decisions.views import JobView
 from poller.results.lmeval import Score
 from poller.timefmt import timestamp
-from poller.views import JobView
 
 __all__ = ["GateSeries", "JobSeries", "ScoreKey", "series_of"]
 

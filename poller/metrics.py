@@ -61,10 +61,10 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import Collector
 
 from poller import api, buildinfo
+from poller.decisions.views import JobView
 from poller.jobmetrics import JobCollector, JobFamilyPart
 from poller.reconciler import CycleReport
 from poller.timefmt import timestamp
-from poller.views import JobView
 
 __all__ = [
     "JOB_DURATION_BUCKETS",

@@ -19,12 +19,12 @@ parts:
   deterministic pod name in its own namespace, whatever claims other pods
   make (labels and ownerReferences can be copied by anyone who may create
   pods); whether that pod really is the job's is judged by `decide` from its
-  proof of origin (`poller.ownership`).
+  proof of origin (`poller.decisions.ownership`).
 * **one job's needs**, as the pure `decide.what_to_observe` names them
   (`Needs`): the namespace's OpenShift UID range for a pod about to be
   made; for a finished gated job, its own and its baseline's per-item
   scores (their results ConfigMaps, each GET bounded by `ITEMS_READ_MAX`;
-  the baseline's job object is already in the listing, `poller.gate`); a
+  the baseline's job object is already in the listing, `poller.decisions.regression`); a
   window of the pod's log, widened or narrowed by the stated rule of
   `outcome.next_results_window` (never more than
   `outcome.MAX_RESULTS_READS` reads); in exec mode the results file the
@@ -50,18 +50,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from poller import api, kueuegate, outcome
-from poller.actions import LogRequest, Needs
+from poller import api
 from poller.api.settings import Settings
-from poller.gate import GateView, ItemsRead, baseline_name
+from poller.decisions import kueueadmission, outcome
+from poller.decisions.actions import LogRequest, Needs
+from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
+from poller.decisions.ownership import controller_uid
+from poller.decisions.regression import GateView, ItemsRead, baseline_name
+from poller.decisions.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 from poller.jobpod import podspec
 from poller.kube.client import ApiError, Kube, NotFound
-from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
-from poller.ownership import controller_uid
 from poller.podreads import PodReads
 from poller.results import lmeval
 from poller.retained import JobKey, RetainedJobs
-from poller.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 
 __all__ = [
     "FINISHED_READS_PER_CYCLE",
@@ -120,7 +121,7 @@ class Listing:
     # their views are kept (`JobView.unreadable`), so they are ended or
     # expire instead of being skipped for ever.
     unreadable: list[tuple[dict[str, Any], Exception]] = field(default_factory=list)
-    # Kueue (`poller.kueuegate`): whether its Workloads are served (listed only
+    # Kueue (`poller.decisions.kueueadmission`): whether its Workloads are served (listed only
     # when a job carries its queue label), each job's workload by job UID, and
     # why the workloads could not be listed, if so (the jobs under Kueue then
     # wait for the next cycle: never started behind Kueue's back).
@@ -129,7 +130,7 @@ class Listing:
     workloads_listed: int = 0
     kueue_error: str | None = None
     # Every listed job by (namespace, name), and the baselines of gated jobs
-    # read by name (`poller.gate`).
+    # read by name (`poller.decisions.regression`).
     jobs_by_name: dict[tuple[str, str], JobView] = field(default_factory=dict)
     # Reads by name this cycle: finished jobs, and pods of jobs whose pod ended.
     jobs_read: int = 0
@@ -346,7 +347,7 @@ class Observer:
             return
         listing.kueue_installed = True
         for job in listing.jobs:
-            found = by_name.get((job.namespace, kueuegate.workload_name(job.name, job.uid)))
+            found = by_name.get((job.namespace, kueueadmission.workload_name(job.name, job.uid)))
             if found is not None and found.owner_uid == job.uid:
                 listing.workloads_by_job[job.uid] = found
 

@@ -20,12 +20,12 @@ import logging
 
 from driver.decoder import decode_bytes
 from driver.protocol import MAX_RESULTS_BYTES
-from poller.actions import ArchiveLog, ExecRequest, LogRequest, ReleaseHold
+from poller.decisions.actions import ArchiveLog, ExecRequest, LogRequest, ReleaseHold
+from poller.decisions.views import ExecView, JobView, LogView
 from poller.jobpod import podspec
 from poller.kube.client import ApiError, Kube, LogTail, NotFound, NotOwned
 from poller.kube.transport import ExecOutputTooLarge
 from poller.results import lmeval
-from poller.views import ExecView, JobView, LogView
 
 __all__ = [
     "ARCHIVE_TAIL_LINES",

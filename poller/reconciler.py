@@ -47,22 +47,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poller import api, poison, timefmt
-from poller import decide as decisions
 from poller.act import Actuator
-from poller.actions import Decision, Needs
 from poller.api.settings import CONFIGMAP_NAME, Settings, SettingsTracker
-from poller.gate import GateView
+from poller.decisions import decide as decisions
+from poller.decisions.actions import Decision, Needs
+from poller.decisions.concurrency import plan_queue
+from poller.decisions.kueueadmission import KueueView
+from poller.decisions.regression import GateView
+from poller.decisions.views import JobView, PodView, QueueSlot
 from poller.identity import PodProof, load_pod_proof
 from poller.jobseries import JobSeries
 from poller.kube.client import Kube
-from poller.kueuegate import KueueView
 from poller.observe import Observed, Observer
 from poller.podreads import PodReads
-from poller.queue import plan_queue
 from poller.retained import RetainedJobs, record_of
 from poller.statuswrites import StatusWrites
 from poller.sweep import FinishedSweep, SweepReport
-from poller.views import JobView, PodView, QueueSlot
 
 __all__ = ["ACTION_WORKERS", "CycleReport", "Reconciler"]
 

@@ -32,9 +32,9 @@ from operator import attrgetter
 from sys import intern
 from typing import NamedTuple
 
-from poller.gate import baseline_name, recorded_verdict
+from poller.decisions.regression import baseline_name, recorded_verdict
+from poller.decisions.views import JobView
 from poller.jobseries import JobSeries, series_of
-from poller.views import JobView
 
 __all__ = [
     "FinishedRecord",

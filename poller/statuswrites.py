@@ -22,10 +22,10 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from poller import poison
-from poller.actions import PatchStatus, PostEvent
+from poller.decisions.actions import PatchStatus, PostEvent
+from poller.decisions.scheduling import decide_failure
+from poller.decisions.views import JobView
 from poller.kube.client import Conflict, Kube
-from poller.scheduling import decide_failure
-from poller.views import JobView
 
 __all__ = ["AdmittedPod", "StatusWrites", "merge_patch", "with_outcome_of_actions"]
 

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 from poller import api
 from poller.api.settings import Settings
+from poller.decisions.views import JobView
 from poller.kube.client import PAGE_SIZE, Kube
 from poller.retained import RetainedJobs, compact_version, record_of
-from poller.views import JobView
 
 __all__ = ["FINISHED_JOBS", "FinishedSweep", "SweepReport"]
 

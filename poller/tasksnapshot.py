@@ -1,6 +1,6 @@
 """Custom-task ConfigMaps: check them for code, then freeze what was checked.
 
-Task files are code as much as data (see `poller.taskcode`): whoever can write
+Task files are code as much as data (see `poller.decisions.taskcode`): whoever can write
 a ConfigMap that a job lists under ``spec.customTasks`` would run Python in
 that job's pod, beside its Secrets. So before a job's pod is made, the poller
 reads each ConfigMap whole and scans it; one that names code lets the job run
@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from poller import api, taskcode
+from poller import api
 from poller.api.settings import CONFIGMAP_NAME, Settings
+from poller.decisions import taskcode
+from poller.decisions.ownership import not_the_jobs
+from poller.decisions.views import JobView
 from poller.jobpod import offline, podspec
 from poller.kube.client import ApiError, Kube
-from poller.ownership import not_the_jobs
-from poller.views import JobView
 
 __all__ = [
     "ANNOTATION_DIGEST",
@@ -54,7 +55,7 @@ ANNOTATION_DIGEST = f"{api.API_GROUP}/content-digest"
 MESSAGE_FINDINGS = 3
 # Scans remembered by ConfigMap UID and resourceVersion (which change with
 # every write): many jobs naming one big ConfigMap cost one scan (up to about
-# a second, see poller.taskcode's limits), not one each.
+# a second, see poller.decisions.taskcode's limits), not one each.
 SCAN_CACHE_ENTRIES = 256
 
 _scans: OrderedDict[tuple[str, str], tuple[taskcode.Finding, ...]] = OrderedDict()

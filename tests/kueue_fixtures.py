@@ -22,7 +22,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from poller import api, kueuegate
+from poller import api
+from poller.decisions import kueueadmission
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.kueue import KueueServer
@@ -34,7 +35,7 @@ GPU_NODES = {"kueue-a100": "a100", "kueue-h100": "h100"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 FLAVORS = ("a100", "h100")
-KUEUE = f"{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}"
+KUEUE = f"{kueueadmission.KUEUE_GROUP}/{kueueadmission.KUEUE_VERSION}"
 
 
 def apply(plane: ControlPlane, *objects: dict[str, Any]) -> None:
@@ -135,7 +136,10 @@ class Queues:
 
         def active() -> bool:
             found = self.custom.get_cluster_custom_object(
-                kueuegate.KUEUE_GROUP, kueuegate.KUEUE_VERSION, "clusterqueues", self.cluster_queue
+                kueueadmission.KUEUE_GROUP,
+                kueueadmission.KUEUE_VERSION,
+                "clusterqueues",
+                self.cluster_queue,
             )
             conditions = (found.get("status") or {}).get("conditions") or []
             return any(c["type"] == "Active" and c["status"] == "True" for c in conditions)
@@ -147,9 +151,9 @@ class Queues:
     ) -> dict[str, Any]:
         """A job asking `gpus` GPUs, labelled for the LocalQueue (and `priority`)."""
         body = job_body(name, pod={"resources": {"limits": {GPU: str(gpus)}}}, **spec)
-        labels = {kueuegate.QUEUE_LABEL: self.local_queue}
+        labels = {kueueadmission.QUEUE_LABEL: self.local_queue}
         if priority:
-            labels[kueuegate.PRIORITY_LABEL] = priority
+            labels[kueueadmission.PRIORITY_LABEL] = priority
         body["metadata"]["labels"] = labels
         created: dict[str, Any] = self.custom.create_namespaced_custom_object(
             api.API_GROUP, api.API_VERSION, self.namespace, api.PLURAL, body
@@ -157,10 +161,14 @@ class Queues:
         return created
 
     def workload(self, job: dict[str, Any]) -> dict[str, Any] | None:
-        name = kueuegate.workload_name(job["metadata"]["name"], job["metadata"]["uid"])
+        name = kueueadmission.workload_name(job["metadata"]["name"], job["metadata"]["uid"])
         try:
             found: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                kueuegate.KUEUE_GROUP, kueuegate.KUEUE_VERSION, self.namespace, "workloads", name
+                kueueadmission.KUEUE_GROUP,
+                kueueadmission.KUEUE_VERSION,
+                self.namespace,
+                "workloads",
+                name,
             )
         except client.exceptions.ApiException as error:
             if error.status == 404:

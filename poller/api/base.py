@@ -71,7 +71,7 @@ SHORT_NAME = "lmej"
 def job_owner_reference(job_name: str, job_uid: str) -> dict[str, object]:
     """The job as controller: what every object the poller makes for a job carries
     (its pod, results and task-snapshot ConfigMaps, its managed claim), and the
-    only way the poller recognises them (`poller.ownership.controller_uid`)."""
+    only way the poller recognises them (`poller.decisions.ownership.controller_uid`)."""
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,

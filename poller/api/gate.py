@@ -1,6 +1,6 @@
 """The LMEvalJob API: the regression gate's spec.gate and status.gate.
 
-Why a module of its own: the gate (`poller.gate`) has a spec block and a
+Why a module of its own: the gate (`poller.decisions.regression`) has a spec block and a
 status block of its own, and `poller.api` stays readable without them.
 Re-exported by ``poller.api``.
 """

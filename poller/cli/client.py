@@ -40,7 +40,7 @@ from poller.cli.errors import (
     suggest,
 )
 from poller.cli.rawapi import send
-from poller.ownership import controller_text, controller_uid
+from poller.decisions.ownership import controller_text, controller_uid
 from poller.results.lmeval import results_configmap_name
 
 __all__ = [

@@ -28,10 +28,10 @@ import uuid
 from typing import Any
 
 from poller import api, timefmt
+from poller.decisions.ownership import controller_text, controller_uid
 from poller.kube import pages
 from poller.kube.errors import ApiError, Conflict, NotFound, NotOwned
 from poller.kube.reads import JOBS_API, KUEUE_API, PAGE_SIZE, JobsPage, KubeReads, LogTail
-from poller.ownership import controller_text, controller_uid
 
 __all__ = [
     "PAGE_SIZE",

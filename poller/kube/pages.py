@@ -3,7 +3,7 @@
 `poller.kube.reads` requests the pages (the reads of `poller.kube.client.Kube`, the
 one class that talks to the API); this module is what it does with them,
 kept apart because it is the part that decides a cycle's memory: a page is
-parsed straight into the shape the views read (`poller.views.JobObject`,
+parsed straight into the shape the views read (`poller.decisions.views.JobObject`,
 `PodObject`), skipping what no view reads (managedFields, most of a pod's spec), and
 dropped before the next is used. As soon as a page's continue token is known, the next page is
 requested on a helper thread, so the apiserver prepares it while this one is
@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
-from poller.kueuegate import WorkloadObject
-from poller.views import JobObject, PodObject
+from poller.decisions.kueueadmission import WorkloadObject
+from poller.decisions.views import JobObject, PodObject
 
 __all__ = [
     "JOB_PAGE",

@@ -7,7 +7,7 @@ cycle costs (requests, bytes, memory) and how much of what a job's author
 controls is let in (a log tail, an exec'd file, a ConfigMap, each under a
 byte limit); a write decides what the poller changes and on which
 precondition (`poller.kube.client`). Everything above the I/O layer works on plain
-dicts and the views in `poller.views`; everything that touches the network
+dicts and the views in `poller.decisions.views`; everything that touches the network
 is in these two modules, which is what makes the rest testable without a
 cluster and what lets every request be counted in one place (`_request`,
 and `exec_in_pod` for the one request that is not HTTP:
@@ -23,7 +23,7 @@ or `ApiError`.
 
 Lists are paged (``limit`` + ``continue``) and handed out page by page, so a
 cycle never holds more than a page or two of raw objects. Each page is
-parsed straight into the shape the views read (`poller.views.JobObject`,
+parsed straight into the shape the views read (`poller.decisions.views.JobObject`,
 `PodObject`): what no view reads, such as managedFields and pod specs, is
 skipped by the parser instead of becoming Python objects. As soon as a
 page's continue token is known, the next page is requested on a helper
@@ -42,7 +42,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from poller import api, kueuegate
+from poller import api
+from poller.decisions import kueueadmission
 from poller.kube import pages
 from poller.kube.errors import ApiError, Conflict, NotFound
 from poller.kube.transport import (
@@ -67,7 +68,7 @@ RequestHook = Callable[[str, str, str], None]
 PAGE_SIZE = 500
 # The API paths of the LMEvalJobs and of Kueue's objects (the writes use them too).
 JOBS_API = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
-KUEUE_API = f"/apis/{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}"
+KUEUE_API = f"/apis/{kueueadmission.KUEUE_GROUP}/{kueueadmission.KUEUE_VERSION}"
 REQUEST_TIMEOUT = 30.0
 # A LIST answered as metadata only (kind PartialObjectMetadataList).
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"

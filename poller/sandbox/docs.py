@@ -920,11 +920,11 @@ class _Source:
         # What writes a status message or a condition: the draft's two methods,
         # then (found below) every function that passes its own parameter on.
         self.sinks: dict[int, tuple[_Function, list[tuple[str, _Slots]]]] = {}
-        draft = self.modules.get("poller.draft")
+        draft = self.modules.get("poller.decisions.draft")
         state = draft.functions.get("StatusDraft.state") if draft else None
         condition = draft.functions.get("StatusDraft.condition") if draft else None
         if state is None or condition is None:
-            raise DocsError("poller.draft.StatusDraft.state/condition not found")
+            raise DocsError("poller.decisions.draft.StatusDraft.state/condition not found")
         self.seeds = {id(state.node), id(condition.node)}
         self.sinks[id(state.node)] = (
             state,

@@ -92,8 +92,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO_ROOT))
 
 from driver import protocol  # noqa: E402
-from poller import api, kueuegate  # noqa: E402
+from poller import api  # noqa: E402
 from poller.api.settings import CONFIGMAP_NAME, Settings  # noqa: E402
+from poller.decisions import kueueadmission  # noqa: E402
 from poller.jobpod import podspec  # noqa: E402
 from poller.kube.client import PAGE_SIZE, Kube  # noqa: E402
 from poller.kube.transport import ApiTransport  # noqa: E402
@@ -112,7 +113,7 @@ POLLER_USER = f"system:serviceaccount:{POLLER_NS}:{POLLER_SA}"
 JOBS_API = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
 JOBS_LIST = f"{JOBS_API}/{api.PLURAL}"
 PODS_LIST = "/api/v1/pods"
-WORKLOADS_LIST = f"/apis/{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}/workloads"
+WORKLOADS_LIST = f"/apis/{kueueadmission.KUEUE_GROUP}/{kueueadmission.KUEUE_VERSION}/workloads"
 KWOK_API = "/apis/kwok.x-k8s.io/v1alpha1"
 NAMESPACES = 10  # jobs are spread over this many namespaces (teams)
 LATENCY_LABEL = "bench.lmeval.io/latency"
@@ -1111,7 +1112,7 @@ class Bench:
             population = Population("kueue", "benchk")
             for namespace in population.namespaces():
                 self.make_namespace(namespace)
-            group = f"{kueuegate.KUEUE_GROUP}/{kueuegate.KUEUE_VERSION}"
+            group = f"{kueueadmission.KUEUE_GROUP}/{kueueadmission.KUEUE_VERSION}"
             queues: list[dict[str, Any]] = [
                 {"apiVersion": group, "kind": "ResourceFlavor", "metadata": {"name": "bench"}},
                 {
@@ -1147,7 +1148,7 @@ class Bench:
                 for namespace in population.namespaces()
             ]
             self.plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(queues))
-            labels = {kueuegate.QUEUE_LABEL: "bench"}
+            labels = {kueueadmission.QUEUE_LABEL: "bench"}
             started = time.monotonic()
 
             def one(index: int) -> None:

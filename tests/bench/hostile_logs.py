@@ -32,7 +32,7 @@ from driver import protocol
 from poller.sandbox import kwok
 from tests.hostile_logs import results_markers
 
-# Today's widest tail window (poller.outcome.MAX_TAIL_LINES, 400 x 4 x 4 x 4):
+# Today's widest tail window (poller.decisions.outcome.MAX_TAIL_LINES, 400 x 4 x 4 x 4):
 # a log longer than this makes the poller widen its reads up to it.
 WIDEST_TAIL = 25_600
 # A line the decoder still reads (protocol.MAX_LINE_CHARS is 1 MiB).

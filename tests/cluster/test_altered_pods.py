@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.decisions.views import pod_fingerprint
 from poller.reconciler import Reconciler
-from poller.views import pod_fingerprint
 from tests.poller_fixtures import (
     CapturedRun,
     Jobs,

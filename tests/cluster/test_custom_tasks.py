@@ -21,9 +21,9 @@ import pytest
 from kubernetes import client
 
 from poller import api, tasksnapshot
+from poller.decisions.views import JobView
 from poller.jobpod import podspec
 from poller.reconciler import Reconciler
-from poller.views import JobView
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
 from tests.waiting import wait_for
 

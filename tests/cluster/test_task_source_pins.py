@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client
 
 from driver.protocol import encode_marker, encode_results
-from poller import outcome
+from poller.decisions import outcome
 from poller.reconciler import Reconciler
 from poller.results import lmeval
 from tests.cluster.test_hostile_logs import _terminated, finish_within, running_pod, serve

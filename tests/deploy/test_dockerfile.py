@@ -452,9 +452,13 @@ def test_build_stage_makes_the_operators_and_the_drivers_wheels(builder: Builder
     assert wheels == {"lmeval_operator", "lmeval_driver"}
     operator = zipfile.ZipFile(_wheel(image, "lmeval_operator")).namelist()
     modules = {n for n in operator if not n.startswith("lmeval_operator-")}
-    assert modules == {
-        f"poller/{p.name}" for p in (REPO / "poller").iterdir() if p.suffix == ".py"
-    } | {"poller/py.typed"}, "the operator's wheel holds the modules directly in poller/ only"
+    # The operator's modules: poller/ and its layers' folders, not the CLI's or the sandbox's.
+    expected = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "poller").rglob("*.py")
+        if p.relative_to(REPO / "poller").parts[0] not in ("cli", "sandbox")
+    }
+    assert modules == expected | {"poller/py.typed"}, "the operator's wheel holds the operator only"
     driver = zipfile.ZipFile(_wheel(image, "lmeval_driver")).namelist()
     dist_info = f"lmeval_driver-{current_version()}.dist-info"
     assert {n.split("/")[0] for n in driver} == {"driver", dist_info}

@@ -29,9 +29,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from poller.decisions.views import PROOF_ANNOTATION
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import user_kubeconfig
-from poller.views import PROOF_ANNOTATION
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.policies import Requester, Result, apply_policy, bound_to, type_check_status
 from tests.deploy.policies import refused as refused_by

@@ -31,7 +31,7 @@ from driver.protocol import (
     encode_marker,
     encode_results,
 )
-from poller import outcome
+from poller.decisions import outcome
 from poller.podreads import LOG_READ_RESULTS_BYTES
 
 RESULTS = json.dumps({"results": {"t": {"acc,none": 0.5}}}).encode()

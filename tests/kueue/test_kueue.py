@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import kueuegate
+from poller.decisions import kueueadmission
 from poller.reconciler import Reconciler
 from poller.results.lmeval import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
@@ -114,7 +114,7 @@ def test_no_label_means_no_workload_and_no_wait(
     cycle_until(poller, lambda: jobs.status("plain").get("state") == "Running", what="Running")
     job = jobs.get("plain")
     assert queues.workload(job) is None
-    assert kueuegate.QUEUE_LABEL not in (job["metadata"].get("labels") or {})
+    assert kueueadmission.QUEUE_LABEL not in (job["metadata"].get("labels") or {})
 
 
 def test_a_higher_priority_job_preempts_a_running_one(
@@ -237,7 +237,7 @@ def test_an_inadmissible_workload_says_why_and_a_fixed_label_resubmits(
         jobs.namespace,
         "lmevaljobs",
         "lost",
-        {"metadata": {"labels": {kueuegate.QUEUE_LABEL: "team"}}},
+        {"metadata": {"labels": {kueueadmission.QUEUE_LABEL: "team"}}},
     )
     cycle_until(poller, lambda: jobs.status("lost").get("state") == "Running", what="Running")
     second = queues.workload(jobs.get("lost"))

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from poller import api
+from poller.decisions.views import JobView
 from poller.sandbox.prometheus import ensure_prometheus
-from poller.views import JobView
 
 TOY_RESULTS: dict[str, Any] = {
     "results": {

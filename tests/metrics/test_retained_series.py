@@ -17,11 +17,11 @@ from typing import Any, overload
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from poller.decisions.views import JobView
 from poller.jobseries import JobSeries
 from poller.metrics import PollerMetrics
 from poller.reconciler import CycleReport
 from poller.retained import RetainedJobs, record_of
-from poller.views import JobView
 from tests.metrics.conftest import TOY_RESULTS, make_job
 
 

@@ -16,10 +16,11 @@ import datetime as dt
 from dataclasses import replace
 from typing import Any
 
-from poller import api, decide
-from poller.actions import DeletePod, PatchStatus
-from poller.ownership import PodTrust, judge_pod
-from poller.views import PodView, pod_fingerprint
+from poller import api
+from poller.decisions import decide
+from poller.decisions.actions import DeletePod, PatchStatus
+from poller.decisions.ownership import PodTrust, judge_pod
+from poller.decisions.views import PodView, pod_fingerprint
 from tests.unit.test_decide import NOW, SETTINGS, condition, job, pod, running_status, status_of
 
 SPEC: dict[str, Any] = {

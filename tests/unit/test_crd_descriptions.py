@@ -25,8 +25,9 @@ import pytest
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from poller import api, gate, outcome
+from poller import api
 from poller.api.status import REASON_DOCS, STATE_DOCS
+from poller.decisions import outcome, regression
 from poller.sandbox import crd
 
 # Long enough to say something; short enough that kubectl explain stays readable
@@ -184,11 +185,12 @@ def test_conditions_explain_every_type_and_reason() -> None:
     assert [t.value for t in api.ConditionType if t.value not in types] == []
     reasons = _status("status.conditions[].reason")
     written = [
-        gate.REGRESSED, gate.NOT_REGRESSED, gate.WAITING_FOR_BASELINE, gate.BASELINE_MISSING,
-        gate.BASELINE_FAILED, gate.NO_ITEM_SCORES, gate.NOT_COMPARABLE, gate.JOB_NOT_SUCCEEDED,
-        gate.INVALID_GATE, outcome.TASK_SOURCE_MISMATCH,
-        # poller.scheduling, poller.decide, poller.outcome, poller.act, poller.poison,
-        # poller.kueuegate: the reasons they pass to conditions and to a job's finish.
+        regression.REGRESSED, regression.NOT_REGRESSED, regression.WAITING_FOR_BASELINE,
+        regression.BASELINE_MISSING, regression.BASELINE_FAILED, regression.NO_ITEM_SCORES,
+        regression.NOT_COMPARABLE, regression.JOB_NOT_SUCCEEDED, regression.INVALID_GATE,
+        outcome.TASK_SOURCE_MISMATCH,
+        # decisions.scheduling, .decide, .outcome, .kueueadmission, poller.act, poller.poison:
+        # the reasons they pass to conditions and to a job's finish.
         "PodCreated", "Queued", "ContainerRunning", "Finished", "Suspended", "Resumed",
         "Admitted", "KueueQueued", "KueueInadmissible", "Pushed", "PushFailed",
         "Succeeded", "Failed", "Cancelled", "SpecChanged", "DeadlineExceeded", "AlteredPod",

@@ -20,8 +20,10 @@ import pytest
 
 from driver.decoder import decode_lines
 from driver.protocol import encode_marker, encode_results
-from poller import api, decide, outcome
-from poller.actions import (
+from poller import api
+from poller.api.settings import Settings
+from poller.decisions import decide, outcome
+from poller.decisions.actions import (
     ArchiveLog,
     CreatePod,
     DeleteJob,
@@ -34,12 +36,11 @@ from poller.actions import (
     ReleaseHold,
     StoreResults,
 )
-from poller.api.settings import Settings
-from poller.draft import set_condition
-from poller.ownership import PodTrust, judge_pod
-from poller.scheduling import EXACT_QUEUE_POSITIONS, queue_message
+from poller.decisions.draft import set_condition
+from poller.decisions.ownership import PodTrust, judge_pod
+from poller.decisions.scheduling import EXACT_QUEUE_POSITIONS, queue_message
+from poller.decisions.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 from poller.timefmt import format_time
-from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 SETTINGS = Settings()

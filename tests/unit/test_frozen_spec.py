@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from poller import api, decide
-from poller.actions import DeletePod
-from poller.views import spec_digest
+from poller import api
+from poller.decisions import decide
+from poller.decisions.actions import DeletePod
+from poller.decisions.views import spec_digest
 from tests.unit.test_decide import NOW, SETTINGS, condition, job, pod, running_status, status_of
 
 SPEC = {"model": "dummy", "tasks": ["toy"]}

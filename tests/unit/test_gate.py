@@ -1,4 +1,4 @@
-"""The regression gate's pure decisions (`poller.gate`), without a cluster.
+"""The regression gate's pure decisions (`poller.decisions.regression`), without a cluster.
 
 Checks every outcome of condition Regressed: True and False with the numbers
 (A = baseline, B = this job), and each Unknown reason (BaselineMissing,
@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller import api, decide, gate
-from poller.actions import Needs, PatchStatus, PatchWorkloadStatus, PostEvent
-from poller.gate import GateView, ItemsRead
+from poller import api
+from poller.decisions import decide, regression
+from poller.decisions.actions import Needs, PatchStatus, PatchWorkloadStatus, PostEvent
+from poller.decisions.kueueadmission import KueueView, WorkloadView
+from poller.decisions.regression import GateView, ItemsRead
+from poller.decisions.views import JobView
 from poller.jobpod import podspec
-from poller.kueuegate import KueueView, WorkloadView
-from poller.views import JobView
 from tests.unit.test_decide import NOW, SETTINGS
 
 N = 150
@@ -90,8 +91,8 @@ def read(values: list[float], **kwargs: Any) -> ItemsRead:
     return ItemsRead(encoded=encoded(values, **kwargs))
 
 
-def decided(job: JobView, gate_view: GateView) -> gate.GateOutcome:
-    found = gate.decide_gate(job, gate_view)
+def decided(job: JobView, gate_view: GateView) -> regression.GateOutcome:
+    found = regression.decide_gate(job, gate_view)
     assert found is not None
     return found
 
@@ -101,7 +102,7 @@ def decided(job: JobView, gate_view: GateView) -> gate.GateOutcome:
 
 def test_a_significant_drop_is_regressed_with_the_numbers() -> None:
     outcome = decided(candidate(), GateView(baseline(), own=read(WORSE), base=read(RIGHT)))
-    assert (outcome.status, outcome.reason) == (True, gate.REGRESSED)
+    assert (outcome.status, outcome.reason) == (True, regression.REGRESSED)
     fields = outcome.fields
     assert fields.verdict == "Regressed" and fields.final and fields.generation == 2
     assert (fields.baseline, fields.baseline_uid) == ("base", "uid-b")
@@ -117,7 +118,7 @@ def test_a_significant_drop_is_regressed_with_the_numbers() -> None:
 
 def test_the_same_scores_are_not_regressed() -> None:
     outcome = decided(candidate(), GateView(baseline(), own=read(WORSE), base=read(WORSE)))
-    assert (outcome.status, outcome.reason) == (False, gate.NOT_REGRESSED)
+    assert (outcome.status, outcome.reason) == (False, regression.NOT_REGRESSED)
     assert outcome.fields.difference == 0 and outcome.fields.p_value == 1.0
     assert outcome.fields.final
 
@@ -150,17 +151,17 @@ def test_lower_is_better_turns_the_drop_around() -> None:
 @pytest.mark.parametrize(
     ("base", "reason", "words"),
     [
-        (None, gate.BASELINE_MISSING, "LMEvalJob base (spec.baseline) does not exist"),
-        ({"state": "Running"}, gate.WAITING_FOR_BASELINE, "waiting for baseline base"),
-        ({}, gate.WAITING_FOR_BASELINE, "(it is New)"),
+        (None, regression.BASELINE_MISSING, "LMEvalJob base (spec.baseline) does not exist"),
+        ({"state": "Running"}, regression.WAITING_FOR_BASELINE, "waiting for baseline base"),
+        ({}, regression.WAITING_FOR_BASELINE, "(it is New)"),
         (
             {"state": "Complete", "reason": "Failed", "message": "OOMKilled"},
-            gate.BASELINE_FAILED,
+            regression.BASELINE_FAILED,
             "baseline base ended Failed: OOMKilled",
         ),
         (
             {"state": "Complete", "reason": "Cancelled"},
-            gate.BASELINE_FAILED,
+            regression.BASELINE_FAILED,
             "baseline base ended Cancelled",
         ),
     ],
@@ -170,7 +171,7 @@ def test_the_baselines_state_decides_without_reads(
 ) -> None:
     listed = GateView(None if base is None else baseline(base))
     job = candidate()
-    assert not gate.needs_items(job, listed)
+    assert not regression.needs_items(job, listed)
     assert decide.what_to_observe(job, None, SETTINGS, NOW, gate=listed) == Needs()
     outcome = decided(job, listed)
     assert (outcome.status, outcome.reason) == (None, reason)
@@ -181,29 +182,29 @@ def test_the_baselines_state_decides_without_reads(
 def test_a_job_that_did_not_succeed_has_nothing_to_compare() -> None:
     job = candidate({"state": "Complete", "reason": "Failed"})
     listed = GateView(baseline())
-    assert not gate.needs_items(job, listed)
+    assert not regression.needs_items(job, listed)
     outcome = decided(job, listed)
-    assert (outcome.status, outcome.reason) == (None, gate.JOB_NOT_SUCCEEDED)
+    assert (outcome.status, outcome.reason) == (None, regression.JOB_NOT_SUCCEEDED)
     assert "ended Failed" in outcome.message
 
 
 def test_a_job_naming_itself_is_not_comparable() -> None:
     job = view("base", baseline="base", gate=GATE)
     outcome = decided(job, GateView(job))
-    assert (outcome.status, outcome.reason) == (None, gate.NOT_COMPARABLE)
+    assert (outcome.status, outcome.reason) == (None, regression.NOT_COMPARABLE)
     assert "names this job itself" in outcome.message
 
 
 def test_an_unfinished_or_ungated_job_has_no_gate_outcome() -> None:
-    assert gate.decide_gate(candidate({"state": "Running"}), GateView(baseline())) is None
-    assert gate.decide_gate(view(), GateView(baseline())) is None
-    assert gate.baseline_name(view(baseline="base")) is None  # a baseline without a gate
+    assert regression.decide_gate(candidate({"state": "Running"}), GateView(baseline())) is None
+    assert regression.decide_gate(view(), GateView(baseline())) is None
+    assert regression.baseline_name(view(baseline="base")) is None  # a baseline without a gate
 
 
 def test_an_invalid_gate_says_why() -> None:
     job = candidate(gate={"task": "arith", "alpha": 2})
     outcome = decided(job, GateView(baseline()))
-    assert (outcome.status, outcome.reason) == (None, gate.INVALID_GATE)
+    assert (outcome.status, outcome.reason) == (None, regression.INVALID_GATE)
     assert outcome.message.startswith("spec.gate.alpha")
 
 
@@ -213,16 +214,16 @@ def test_an_invalid_gate_says_why() -> None:
 def test_items_are_read_only_when_both_succeeded() -> None:
     listed = GateView(baseline())
     job = candidate()
-    assert gate.needs_items(job, listed)
+    assert regression.needs_items(job, listed)
     assert decide.what_to_observe(job, None, SETTINGS, NOW, gate=listed) == Needs(gate_items=True)
     # Not read (yet): nothing is decided.
-    assert gate.decide_gate(job, listed) is None
+    assert regression.decide_gate(job, listed) is None
 
 
 def test_a_baseline_without_items_says_how_to_get_them() -> None:
     problem = ItemsRead(problem="ConfigMap base-results has no items.json.gz")
     outcome = decided(candidate(), GateView(baseline(), own=read(RIGHT), base=problem))
-    assert (outcome.status, outcome.reason) == (None, gate.NO_ITEM_SCORES)
+    assert (outcome.status, outcome.reason) == (None, regression.NO_ITEM_SCORES)
     assert "baseline base has no per-item scores (ConfigMap base-results" in outcome.message
     assert "spec.logSamples: true" in outcome.message
     assert "this job" not in outcome.message
@@ -243,15 +244,15 @@ def test_the_baselines_status_says_why_it_kept_no_items() -> None:
 def test_a_refused_read_is_not_final() -> None:
     refused = ItemsRead(problem="ConfigMap base-results cannot be read: 403", retry=True)
     outcome = decided(candidate(), GateView(baseline(), own=read(RIGHT), base=refused))
-    assert outcome.reason == gate.NO_ITEM_SCORES and not outcome.fields.final
-    assert gate.needs_items(_with_outcome(candidate(), outcome), GateView(baseline()))
+    assert outcome.reason == regression.NO_ITEM_SCORES and not outcome.fields.final
+    assert regression.needs_items(_with_outcome(candidate(), outcome), GateView(baseline()))
 
 
 def test_this_job_without_items_is_named_too() -> None:
     outcome = decided(
         candidate(), GateView(baseline(), own=ItemsRead(problem="no ConfigMap"), base=read(RIGHT))
     )
-    assert outcome.reason == gate.NO_ITEM_SCORES
+    assert outcome.reason == regression.NO_ITEM_SCORES
     assert outcome.message == "this job has no per-item scores (no ConfigMap)"
 
 
@@ -262,14 +263,14 @@ def test_items_without_the_task_or_unreadable_are_no_item_scores() -> None:
     assert "this job has no per-item scores for task arith (it has: other)" in outcome.message
     junk = ItemsRead(encoded=base64.b64encode(gzip.compress(b"{not json")).decode())
     outcome = decided(candidate(), GateView(baseline(), own=read(RIGHT), base=junk))
-    assert outcome.reason == gate.NO_ITEM_SCORES
+    assert outcome.reason == regression.NO_ITEM_SCORES
     assert "baseline base has no usable per-item scores" in outcome.message
 
 
 def test_different_documents_are_not_comparable() -> None:
     other_docs = read(RIGHT, digest_salt="x")
     outcome = decided(candidate(), GateView(baseline(), own=read(RIGHT), base=other_docs))
-    assert (outcome.status, outcome.reason) == (None, gate.NOT_COMPARABLE)
+    assert (outcome.status, outcome.reason) == (None, regression.NOT_COMPARABLE)
     assert outcome.message and outcome.fields.final
 
 
@@ -288,7 +289,7 @@ def test_different_task_hashes_are_not_comparable_in_either_stored_form() -> Non
             base=with_results(RIGHT, "bbbb", packed),
         )
         outcome = decided(candidate(), listed)
-        assert (outcome.status, outcome.reason) == (None, gate.NOT_COMPARABLE)
+        assert (outcome.status, outcome.reason) == (None, regression.NOT_COMPARABLE)
         assert "task_hashes" in outcome.message or "task hashes" in outcome.message
         same = GateView(
             baseline(),
@@ -304,24 +305,24 @@ def test_different_task_hashes_are_not_comparable_in_either_stored_form() -> Non
 def test_a_missing_metric_is_not_comparable() -> None:
     job = candidate(gate={**GATE, "metric": "acc,none"})
     outcome = decided(job, GateView(baseline(), own=read(RIGHT), base=read(RIGHT)))
-    assert outcome.reason == gate.NOT_COMPARABLE
+    assert outcome.reason == regression.NOT_COMPARABLE
 
 
 def test_unpacking_is_bounded() -> None:
-    assert gate.unpack_items(encoded(RIGHT)).startswith(b"{")
+    assert regression.unpack_items(encoded(RIGHT)).startswith(b"{")
     bomb = base64.b64encode(gzip.compress(b" " * (64 * 1024 * 1024))).decode()
     with pytest.raises(ValueError, match="holds more than"):
-        gate.unpack_items(bomb)
+        regression.unpack_items(bomb)
     with pytest.raises(ValueError, match="not base64"):
-        gate.unpack_items("%%%")
+        regression.unpack_items("%%%")
     with pytest.raises(ValueError, match="not gzip"):
-        gate.unpack_items(base64.b64encode(b"plain").decode())
+        regression.unpack_items(base64.b64encode(b"plain").decode())
 
 
 # -- a final outcome is kept -----------------------------------------------------------
 
 
-def _with_outcome(job: JobView, outcome: gate.GateOutcome) -> JobView:
+def _with_outcome(job: JobView, outcome: regression.GateOutcome) -> JobView:
     draft_status = job.status.model_copy(update={"gate": outcome.fields})
     return JobView.from_object(
         {
@@ -341,46 +342,48 @@ def _with_outcome(job: JobView, outcome: gate.GateOutcome) -> JobView:
 def test_a_verdict_is_kept_whatever_becomes_of_the_baseline() -> None:
     outcome = decided(candidate(), GateView(baseline(), own=read(WORSE), base=read(RIGHT)))
     done = _with_outcome(candidate(), outcome)
-    assert not gate.needs_items(done, GateView(baseline()))
-    assert gate.decide_gate(done, GateView(baseline())) is None
+    assert not regression.needs_items(done, GateView(baseline()))
+    assert regression.decide_gate(done, GateView(baseline())) is None
     # Kept when the baseline is deleted afterwards, or replaced under its name
     # (finished, or not yet), or after a new spec generation: a record.
     for later in (None, baseline(uid="uid-b2"), baseline({"state": "Running"}, uid="uid-b3")):
-        assert not gate.needs_items(done, GateView(later))
-        assert gate.decide_gate(done, GateView(later, own=read(RIGHT), base=read(RIGHT))) is None
+        assert not regression.needs_items(done, GateView(later))
+        assert (
+            regression.decide_gate(done, GateView(later, own=read(RIGHT), base=read(RIGHT))) is None
+        )
     bumped = view(
         status=done.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
         generation=3,
         baseline="base",
         gate=GATE,
     )
-    assert not gate.needs_items(bumped, GateView(baseline(uid="uid-b2")))
+    assert not regression.needs_items(bumped, GateView(baseline(uid="uid-b2")))
 
 
 def test_a_final_unknown_is_decided_again_for_a_new_baseline_object_or_spec() -> None:
     missing = decided(candidate(), GateView(baseline(), own=read(WORSE), base=ItemsRead()))
-    assert missing.reason == gate.NO_ITEM_SCORES and missing.fields.final
+    assert missing.reason == regression.NO_ITEM_SCORES and missing.fields.final
     done = _with_outcome(candidate(), missing)
-    assert not gate.needs_items(done, GateView(baseline()))
-    assert gate.decide_gate(done, GateView(None)) is None  # kept when the baseline goes
+    assert not regression.needs_items(done, GateView(baseline()))
+    assert regression.decide_gate(done, GateView(None)) is None  # kept when the baseline goes
     # Another object under the baseline's name before any verdict: decided
     # against it, and its UID recorded.
-    assert gate.needs_items(done, GateView(baseline(uid="uid-b2")))
+    assert regression.needs_items(done, GateView(baseline(uid="uid-b2")))
     again = decided(done, GateView(baseline(uid="uid-b2"), own=read(WORSE), base=read(RIGHT)))
-    assert again.reason == gate.REGRESSED and again.fields.baseline_uid == "uid-b2"
+    assert again.reason == regression.REGRESSED and again.fields.baseline_uid == "uid-b2"
     bumped = view(
         status=done.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
         generation=3,
         baseline="base",
         gate=GATE,
     )
-    assert gate.needs_items(bumped, GateView(baseline()))
+    assert regression.needs_items(bumped, GateView(baseline()))
 
 
 def test_an_unknown_outcome_from_the_listing_is_decided_again_every_cycle() -> None:
     waiting = decided(candidate(), GateView(baseline({"state": "Running"})))
     job = _with_outcome(candidate(), waiting)
-    assert gate.needs_items(job, GateView(baseline()))
+    assert regression.needs_items(job, GateView(baseline()))
 
 
 # -- through decide ---------------------------------------------------------------------

@@ -19,12 +19,13 @@ from typing import Any, cast
 
 import pytest
 
-from poller import api, decide, gate
-from poller.actions import Needs, PatchStatus
-from poller.gate import GateView, ItemsRead
+from poller import api
+from poller.decisions import decide, regression
+from poller.decisions.actions import Needs, PatchStatus
+from poller.decisions.regression import GateView, ItemsRead
+from poller.decisions.views import JobView
 from poller.kube.client import Kube
 from poller.statuswrites import StatusWrites, merge_patch
-from poller.views import JobView
 from tests.unit.test_decide import NOW, SETTINGS
 from tests.unit.test_gate import GATE, RIGHT, WORSE, baseline, candidate, read, view
 
@@ -57,7 +58,7 @@ def test_a_recorded_verdict_is_never_decided_again(first: tuple[list[float], lis
     written = _patch(job, GateView(baseline(), own=read(own_values), base=read(base_values)))
     done = _stored(job, written)
     recorded = done.status.gate
-    assert recorded is not None and recorded.reason in gate.VERDICTS
+    assert recorded is not None and recorded.reason in regression.VERDICTS
     assert recorded.baseline_uid == "uid-b" and recorded.final
 
     # The baseline deleted, or another job created under its name: running,
@@ -87,7 +88,7 @@ def test_a_baseline_replaced_before_any_verdict_is_compared_as_the_current_objec
     job = candidate()
     waiting = _stored(job, _patch(job, GateView(baseline({"state": "Running"}))))
     assert waiting.status.gate is not None
-    assert waiting.status.gate.reason == gate.WAITING_FOR_BASELINE
+    assert waiting.status.gate.reason == regression.WAITING_FOR_BASELINE
     assert waiting.status.gate.baseline_uid == "uid-b"
     replaced = baseline(uid="uid-b2")
     assert decide.what_to_observe(waiting, None, SETTINGS, NOW, gate=GateView(replaced)) == (
@@ -96,7 +97,7 @@ def test_a_baseline_replaced_before_any_verdict_is_compared_as_the_current_objec
     verdict = _patch(waiting, GateView(replaced, own=read(WORSE), base=read(RIGHT)))
     assert verdict.status.gate is not None
     assert (verdict.status.gate.reason, verdict.status.gate.baseline_uid) == (
-        gate.REGRESSED,
+        regression.REGRESSED,
         "uid-b2",
     )
 
@@ -165,7 +166,7 @@ def test_the_gate_status_is_written_whole() -> None:
     after = _merged(job.status.model_dump(by_alias=True, exclude_none=True, mode="json"), sent)
     assert after == action.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     written = api.LMEvalJobStatus.model_validate(after).gate
-    assert written is not None and written.reason == gate.BASELINE_MISSING
+    assert written is not None and written.reason == regression.BASELINE_MISSING
     assert written.p_value is None and written.score is None and written.paired is None
 
 

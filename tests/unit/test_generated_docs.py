@@ -278,7 +278,7 @@ def test_the_known_status_messages_are_extracted() -> None:
     assert (suspended.reason, suspended.state, suspended.module) == (
         "NoReason",
         "Suspended",
-        "poller.decide",
+        "poller.decisions.decide",
     )
     running = _find(messages, "evaluation running")
     assert (running.reason, running.state) == ("NoReason", "Running")
@@ -286,12 +286,14 @@ def test_the_known_status_messages_are_extracted() -> None:
     evicted = _find(messages, "pod <pod.name> was evicted: <pod.message or 'no message'>")
     assert (evicted.reason, evicted.state, evicted.causes) == ("Failed", "Complete", ("Evicted",))
     # Built by a helper in another module: followed into its return.
-    foreign = [m for m in messages if m.module == "poller.ownership" and "ForeignPod" in m.causes]
+    foreign = [
+        m for m in messages if m.module == "poller.decisions.ownership" and "ForeignPod" in m.causes
+    ]
     assert foreign and all(m.reason == "Failed" for m in foreign)
     # Through StatusWrites.fail (poller.act), and a queue place (a variable followed).
     _find(messages, "the job pod was refused: <refused_for_good(error)>")
     queued = _find(messages, "waiting for a free slot: <place> (max-running-jobs: <slot.limit>)")
-    assert queued.module == "poller.scheduling"
+    assert queued.module == "poller.decisions.scheduling"
     assert {m.reason for m in messages} >= {"NoReason", "Succeeded", "Failed", "Cancelled"}
 
 
@@ -301,7 +303,7 @@ def test_a_new_call_site_is_noticed(tmp_path: Path) -> None:
     shutil.copytree(REPO / "poller", package, ignore=ignored)
     (package / "newwriter.py").write_text(
         "from poller import api\n"
-        "from poller.draft import StatusDraft\n"
+        "from poller.decisions.draft import StatusDraft\n"
         "S = api.JobState\n"
         "R = api.JobReason\n"
         "\n"

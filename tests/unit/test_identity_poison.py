@@ -22,9 +22,9 @@ import pytest
 import urllib3
 
 from poller import api, poison
+from poller.decisions.views import PROOF_ANNOTATION
 from poller.identity import KEY_FIELD, PodProof, load_pod_proof
 from poller.kube.client import ApiError, Conflict, NotFound
-from poller.views import PROOF_ANNOTATION
 
 KEY = b"k" * 32
 PROOF = PodProof(KEY)

@@ -31,11 +31,11 @@ from driver.itemscores import (
     metric_items,
 )
 from driver.protocol import encode_marker, encode_results
-from poller import outcome
-from poller.actions import StoreResults
 from poller.api.settings import Settings
+from poller.decisions import outcome
+from poller.decisions.actions import StoreResults
+from poller.decisions.views import ContainerView, ExecView, LogView
 from poller.results import itemstore, lmeval
-from poller.views import ContainerView, ExecView, LogView
 from tests.unit.test_decide import NOW, job, pod, running_status, status_of
 
 RESULTS = {"results": {"arc": {"acc,none": 0.5}}, "config": {"model": "dummy"}}
@@ -237,7 +237,7 @@ def test_exec_mode_takes_the_items_from_the_log() -> None:
     log = LogView(decoded(raw), outcome.FIRST_TAIL_LINES, lines_read=10)
     settings = Settings(results_source="exec")
     draft_job = job(running_status())
-    from poller.draft import StatusDraft
+    from poller.decisions.draft import StatusDraft
 
     draft = StatusDraft(draft_job, NOW)
     actions = outcome.holding(draft_job, held, settings, log, ExecView(json.dumps(RESULTS)), draft)

@@ -1,4 +1,4 @@
-"""Kueue's gate (`poller.kueuegate`) and `decide` under it: pure, table-driven.
+"""Kueue's gate (`poller.decisions.kueueadmission`) and `decide` under it: pure, table-driven.
 
 A job labelled with a LocalQueue, on a cluster where Kueue is installed,
 submits a Workload, waits Suspended in Kueue's words, starts on admission
@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from poller import api, decide, kueuegate
+from poller import api
 from poller.act import Actuator
-from poller.actions import (
+from poller.api.settings import Settings
+from poller.decisions import decide, kueueadmission
+from poller.decisions.actions import (
     ArchiveLog,
     CreatePod,
     CreateWorkload,
@@ -31,11 +33,10 @@ from poller.actions import (
     PatchStatus,
     PatchWorkloadStatus,
 )
-from poller.api.settings import Settings
+from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
+from poller.decisions.views import JobView
 from poller.kube.errors import ApiError, Conflict
-from poller.kueuegate import Flavor, KueueView, Priority, WorkloadView
 from poller.timefmt import format_time
-from poller.views import JobView
 from tests.unit.test_decide import NOW, condition, pod, running_status, status_of
 
 SETTINGS = Settings()
@@ -54,7 +55,7 @@ def job(status: dict[str, Any] | None = None, labels: dict[str, str] | None = No
                 "generation": 3,
                 "resourceVersion": "41",
                 "creationTimestamp": format_time(NOW - dt.timedelta(minutes=5)),
-                "labels": {kueuegate.QUEUE_LABEL: "team-a"} if labels is None else labels,
+                "labels": {kueueadmission.QUEUE_LABEL: "team-a"} if labels is None else labels,
             },
             "spec": {"model": "dummy", "tasks": ["toy"], "pod": {"resources": GPU}},
             "status": status or {},
@@ -71,7 +72,7 @@ def workload(
         {
             "metadata": {
                 "namespace": "ns",
-                "name": kueuegate.workload_name("eval", "uid-1"),
+                "name": kueueadmission.workload_name("eval", "uid-1"),
                 "resourceVersion": "7",
                 "ownerReferences": [{"uid": "uid-1", "controller": True}],
                 **({"deletionTimestamp": "2026-11-29T12:00:00Z"} if deleting else {}),
@@ -150,7 +151,7 @@ def test_a_new_job_submits_a_workload_of_exactly_its_pod() -> None:
 
 
 def test_a_priority_class_label_is_resolved_before_submitting() -> None:
-    labelled = job(labels={kueuegate.QUEUE_LABEL: "q", kueuegate.PRIORITY_LABEL: "high"})
+    labelled = job(labels={kueueadmission.QUEUE_LABEL: "q", kueueadmission.PRIORITY_LABEL: "high"})
     needs = decide.what_to_observe(labelled, None, SETTINGS, NOW, kueue=KueueView(None))
     assert needs.priority_class == "high"
     view = KueueView(None, priority=Priority("high", 1000))
@@ -248,7 +249,7 @@ def test_suspending_a_job_gives_its_workload_up() -> None:
                 "uid": "uid-1",
                 "generation": 4,
                 "resourceVersion": "42",
-                "labels": {kueuegate.QUEUE_LABEL: "team-a"},
+                "labels": {kueueadmission.QUEUE_LABEL: "team-a"},
             },
             "spec": {"model": "dummy", "tasks": ["toy"], "suspend": True},
             "status": suspended_status(),
@@ -271,9 +272,9 @@ def test_without_kueue_a_labelled_job_starts_as_before() -> None:
 
 
 def test_workload_names_are_deterministic_and_valid() -> None:
-    name = kueuegate.workload_name("x" * 300, "uid")
-    assert len(name) <= 253 and name == kueuegate.workload_name("x" * 300, "uid")
-    assert kueuegate.workload_name("eval", "a") != kueuegate.workload_name("eval", "b")
+    name = kueueadmission.workload_name("x" * 300, "uid")
+    assert len(name) <= 253 and name == kueueadmission.workload_name("x" * 300, "uid")
+    assert kueueadmission.workload_name("eval", "a") != kueueadmission.workload_name("eval", "b")
 
 
 class _NoCounts:
@@ -304,12 +305,12 @@ def test_a_stale_workload_write_is_decided_again_next_cycle() -> None:
 
 
 def test_messages_after_an_eviction_say_it_once() -> None:
-    message = kueuegate.waiting_message(REQUEUED, "team-a")
+    message = kueueadmission.waiting_message(REQUEUED, "team-a")
     assert message.count("Preempted to accommodate") == 1
     assert message.startswith("waiting for Kueue after an eviction")
-    assert kueuegate.waiting_reason(REQUEUED) == "KueuePreempted"
-    assert kueuegate.waiting_reason(None) == "KueueQueued"
-    assert kueuegate.stop_message(None) == "Kueue's workload was deleted"
+    assert kueueadmission.waiting_reason(REQUEUED) == "KueuePreempted"
+    assert kueueadmission.waiting_reason(None) == "KueueQueued"
+    assert kueueadmission.stop_message(None) == "Kueue's workload was deleted"
 
 
 def test_a_withdrawn_admission_stops_the_pod_too() -> None:
@@ -333,7 +334,7 @@ def test_a_job_changed_while_it_waits_submits_a_new_workload() -> None:
     current = job(suspended_status())
     made = decide.decide(job(), None, SETTINGS, NOW, kueue=KueueView(None))
     (create,) = [a for a in made.actions if isinstance(a, CreateWorkload)]
-    fingerprint = create.manifest["metadata"]["annotations"][kueuegate.SUBMITTED_ANNOTATION]
+    fingerprint = create.manifest["metadata"]["annotations"][kueueadmission.SUBMITTED_ANNOTATION]
     assert fingerprint == "3/team-a/"  # generation, queue, priority class
 
     def submitted(value: str) -> WorkloadView:

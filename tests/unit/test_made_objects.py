@@ -28,17 +28,18 @@ from typing import Any
 
 import pytest
 
-from poller import api, ownership
+from poller import api
 from poller.act import Actuator
 from poller.api.settings import Settings
+from poller.decisions import ownership
+from poller.decisions.scheduling import decide_failure, schedule
+from poller.decisions.views import JobView
 from poller.identity import PodProof
 from poller.jobpod import offline, podspec
 from poller.kube.client import Conflict
 from poller.podreads import PodReads
 from poller.results import lmeval
-from poller.scheduling import decide_failure, schedule
 from poller.statuswrites import StatusWrites
-from poller.views import JobView
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 UID = "uid-job"

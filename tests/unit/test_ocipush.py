@@ -17,11 +17,12 @@ from pydantic import ValidationError
 
 from driver import ocipush
 from driver.decoder import Outcome
-from poller import api, outcome
+from poller import api
 from poller.api.settings import Settings
-from poller.draft import StatusDraft
+from poller.decisions import outcome
+from poller.decisions.draft import StatusDraft
+from poller.decisions.views import JobView
 from poller.jobpod import ocioutput, podspec
-from poller.views import JobView
 
 DIGEST = "sha256:" + "a" * 64
 

@@ -308,8 +308,8 @@ def test_payload_reader_keeps_well_typed_sources() -> None:
 def test_decide_names_the_git_field_and_the_waiting_init_container() -> None:
     import dataclasses
 
-    from poller import decide
-    from poller.views import ContainerView
+    from poller.decisions import decide
+    from poller.decisions.views import ContainerView
     from tests.unit.test_decide import NOW, job, pod, status_of
     from tests.unit.test_decide import SETTINGS as DECIDE_SETTINGS
 

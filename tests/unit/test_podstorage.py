@@ -161,7 +161,7 @@ def test_exactly_one_storage() -> None:
 
 
 def test_a_failed_init_container_explains_the_pod() -> None:
-    from poller.views import PodView
+    from poller.decisions.views import PodView
 
     obj = {
         "metadata": {"name": "p", "namespace": "ns", "uid": "u"},

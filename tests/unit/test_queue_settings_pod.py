@@ -19,11 +19,11 @@ import pytest
 
 from poller import api
 from poller.api.settings import Settings, SettingsTracker, parse_duration
+from poller.decisions.concurrency import fair_order, plan_queue
+from poller.decisions.views import ContainerView, JobView, PodView
 from poller.jobpod import podspec
-from poller.queue import fair_order, plan_queue
 from poller.results import lmeval
 from poller.sandbox import crd
-from poller.views import ContainerView, JobView, PodView
 
 
 def _job(name: str, namespace: str, created: str, **status: Any) -> JobView:

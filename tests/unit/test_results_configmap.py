@@ -20,7 +20,7 @@ import json
 import pytest
 
 from driver.protocol import MAX_RESULTS_BYTES
-from poller import ownership
+from poller.decisions import ownership
 from poller.results import lmeval
 
 

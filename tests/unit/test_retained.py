@@ -24,6 +24,7 @@ import random
 import tracemalloc
 from typing import Any
 
+from poller.decisions.views import JobView
 from poller.jobseries import series_of
 from poller.retained import (
     FinishedRecord,
@@ -32,7 +33,6 @@ from poller.retained import (
     expires_at,
     record_of,
 )
-from poller.views import JobView
 
 COMPLETED = "2030-01-01T01:00:00Z"
 T_DONE = dt.datetime(2030, 1, 1, 1, tzinfo=dt.UTC).timestamp()

@@ -27,14 +27,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from poller import api, decide
-from poller.actions import CreatePod, PatchStatus
+from poller import api
 from poller.api import rules as specrules
 from poller.api.settings import Settings
+from poller.decisions import decide
+from poller.decisions.actions import CreatePod, PatchStatus
+from poller.decisions.views import JobView
 from poller.jobpod import podspec
 from poller.sandbox import crd
 from poller.timefmt import format_time
-from poller.views import JobView
 
 KIB = 1024
 

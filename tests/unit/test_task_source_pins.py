@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from driver.protocol import encode_marker, encode_results
-from poller import api, decide, outcome
-from poller.actions import ArchiveLog, DeletePod, ReleaseHold, StoreResults
+from poller import api
 from poller.api.settings import Settings
-from poller.views import ExecView
+from poller.decisions import decide, outcome
+from poller.decisions.actions import ArchiveLog, DeletePod, ReleaseHold, StoreResults
+from poller.decisions.views import ExecView
 from tests.unit.test_decide import (
     NOW,
     RESULTS,

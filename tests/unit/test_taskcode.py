@@ -1,4 +1,4 @@
-"""The custom-task scanner (poller/taskcode.py) and the snapshot's pure pieces.
+"""The custom-task scanner (poller/decisions/taskcode.py) and the snapshot's pure pieces.
 
 Checks: a ``!function`` tag is found in every YAML position (top-level
 value, nested mapping, list item, mapping key, flow style, ``class:``), as
@@ -24,8 +24,7 @@ import time
 import pytest
 
 from poller import api, tasksnapshot
-from poller.jobpod import podspec
-from poller.taskcode import (
+from poller.decisions.taskcode import (
     MAX_CONFIGMAP_BYTES,
     MAX_FINDINGS,
     MAX_TEMPLATE_CHARS,
@@ -33,7 +32,8 @@ from poller.taskcode import (
     MAX_YAML_EVENTS,
     scan_configmap,
 )
-from poller.views import JobView
+from poller.decisions.views import JobView
+from poller.jobpod import podspec
 
 PLAIN_TASK = """\
 task: sample_arith_mc

@@ -28,16 +28,17 @@ from hypothesis import strategies as st
 
 from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
-from poller import api, decide, outcome
-from poller.actions import ArchiveLog, DeleteJob, StoreResults
+from poller import api
 from poller.api.settings import Settings
-from poller.draft import MAX_MESSAGE_CHARS, StatusDraft
+from poller.decisions import decide, outcome
+from poller.decisions.actions import ArchiveLog, DeleteJob, StoreResults
+from poller.decisions.draft import MAX_MESSAGE_CHARS, StatusDraft
+from poller.decisions.views import ExecView, JobView, LogView
 from poller.kube.client import ApiError, LogTail
 from poller.podreads import LOG_READ_RESULTS_BYTES
 from poller.reconciler import Reconciler
 from poller.results import lmeval
 from poller.results.lmeval import parse_scores
-from poller.views import ExecView, JobView, LogView
 from tests import hostile_logs
 from tests.unit.test_decide import (
     NOW,

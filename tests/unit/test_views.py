@@ -22,13 +22,14 @@ from typing import Any
 
 import pytest
 
-from poller import api, decide
-from poller.actions import DeleteJob, PatchStatus
+from poller import api
 from poller.api.settings import Settings
+from poller.decisions import decide
+from poller.decisions.actions import DeleteJob, PatchStatus
+from poller.decisions.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView, PodView
 from poller.reconciler import Reconciler
 from poller.results.lmeval import parse_scores
 from poller.timefmt import format_time
-from poller.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView, PodView
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 RESULTS = {

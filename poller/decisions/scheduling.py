@@ -1,6 +1,6 @@
 """How a job gets its pod: made from its spec, adopted, or queued for a slot. Pure.
 
-Why this module exists: starting a job is the one step of `poller.decide` that
+Why this module exists: starting a job is the one step of `poller.decisions.decide` that
 turns the spec into a pod and writes the Scheduled status; it is kept apart
 from what `decide` does with a job once started (runs, stops, suspends,
 finishes, waits for Kueue). Here: the spec validated and the pod's manifest
@@ -10,7 +10,7 @@ the pod placed where Kueue admitted it and the Scheduled status written, a
 resumed job's pause counted (`schedule`); a pod the poller made but had not
 recorded, recorded (`adopt`); and a waiting job's place in the
 max-running-jobs queue, in words that change only near its head
-(`queue_message`, `queued`). When a job starts is `poller.routing`'s to say.
+(`queue_message`, `queued`). When a job starts is `poller.decisions.routing`'s to say.
 Like `decide`, it does no I/O, imports nothing from `kubernetes` and takes
 its clock as an argument.
 """
@@ -22,14 +22,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from poller import api, kueuegate
-from poller.actions import CreatePod, Decision
+from poller import api
 from poller.api.settings import Settings
-from poller.draft import StatusDraft
+from poller.decisions import kueueadmission
+from poller.decisions.actions import CreatePod, Decision
+from poller.decisions.draft import StatusDraft
+from poller.decisions.kueueadmission import KueueView
+from poller.decisions.views import JobView, PodView, QueueSlot
 from poller.jobpod import podspec
-from poller.kueuegate import KueueView
 from poller.timefmt import seconds_between
-from poller.views import JobView, PodView, QueueSlot
 
 __all__ = [
     "EXACT_QUEUE_POSITIONS",
@@ -99,7 +100,7 @@ def schedule(
     spec, manifest = made
     admitted_by = None
     if kueue is not None and kueue.workload is not None:
-        manifest = kueuegate.place(manifest, kueue.flavors or ())
+        manifest = kueueadmission.place(manifest, kueue.flavors or ())
         admitted_by = f"admitted by Kueue (ClusterQueue {kueue.workload.cluster_queue})"
     attempt = (job.status.pod_attempt or 0) + 1
     draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec, admitted_by)

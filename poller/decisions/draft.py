@@ -18,9 +18,9 @@ from collections.abc import Mapping
 
 from driver import protocol
 from poller import api
-from poller.actions import Action, PatchStatus, PostEvent
+from poller.decisions.actions import Action, PatchStatus, PostEvent
+from poller.decisions.views import JobView
 from poller.timefmt import format_time
-from poller.views import JobView
 
 __all__ = ["StatusDraft", "set_condition"]
 

@@ -1,6 +1,6 @@
 """What a job's decision asks to read first (`Needs`), and the actions it returns.
 
-`poller.decide.what_to_observe` names what one job's decision needs beyond
+`poller.decisions.decide.what_to_observe` names what one job's decision needs beyond
 its listed object and pod (a log window, the results file the driver holds,
 the namespace's UID range); `poller.observe` reads it before `decide` runs;
 `decide` returns a `Decision`, whose actions `poller.act` carries out.
@@ -58,17 +58,17 @@ class ExecRequest:
 @dataclass(frozen=True)
 class Needs:
     """What one job's decision needs besides its listed object and pod
-    (`poller.decide.what_to_observe`), read before `decide` runs (`poller.observe`)."""
+    (`poller.decisions.decide.what_to_observe`), read before `decide` runs (`poller.observe`)."""
 
     namespace_uid: bool = False  # its OpenShift UID range: a pod is about to be made
     log: LogRequest | None = None  # the log window to read first
     held_results: bool = False  # exec mode: cat the results file the log shows held
-    # Kueue (`poller.kueuegate`): the ResourceFlavors assigned to an admitted
+    # Kueue (`poller.decisions.kueueadmission`): the ResourceFlavors assigned to an admitted
     # workload, for a pod made now; the WorkloadPriorityClass of a workload
     # submitted now.
     flavors: tuple[str, ...] = ()
     priority_class: str | None = None
-    # The regression gate (`poller.gate`): this job's and its baseline's
+    # The regression gate (`poller.decisions.regression`): this job's and its baseline's
     # per-item scores, from their results ConfigMaps.
     gate_items: bool = False
 
@@ -134,7 +134,7 @@ class DeletePod:
 
 @dataclass(frozen=True)
 class CreateWorkload:
-    """Create the job's Kueue Workload (`poller.kueuegate.workload_manifest`)."""
+    """Create the job's Kueue Workload (`poller.decisions.kueueadmission.workload_manifest`)."""
 
     manifest: dict[str, Any]
 

@@ -2,7 +2,7 @@
 
 The API layer turns raw API objects into these small frozen views, and the
 decision functions read only them (what they return is in
-`poller.actions`). Nothing here imports `kubernetes` or does I/O, which is
+`poller.decisions.actions`). Nothing here imports `kubernetes` or does I/O, which is
 what lets every transition be a table-driven unit test.
 
 `JobObject` and `PodObject` name the parts of an API object that the views
@@ -118,7 +118,7 @@ class PodObject(TypedDict, total=False):
     status: PodStatusObject
 
 
-# Kueue's labels a job may carry (the rest of Kueue is `poller.kueuegate`).
+# Kueue's labels a job may carry (the rest of Kueue is `poller.decisions.kueueadmission`).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
@@ -133,7 +133,7 @@ ProofCheck = Callable[[str | None, str, str, str, str], int | None]
 # and the ephemeral containers (`kubectl debug`); the rest is immutable. The
 # poller records this digest of the pod *as admitted* (after any mutating
 # webhook, e.g. an image mirror's) in `status.podFingerprint`, and a pod whose
-# digest differs later is not the pod it made (`poller.ownership`).
+# digest differs later is not the pod it made (`poller.decisions.ownership`).
 _FINGERPRINT_KINDS = ("initContainers", "containers", "ephemeralContainers")
 
 
@@ -159,7 +159,7 @@ FINISHED_SPEC_KEYS = frozenset(
         "suspend",
         "activeDeadlineSeconds",
         "ttlSecondsAfterFinished",
-        # The regression gate (`poller.gate`) is decided after the job finished.
+        # The regression gate (`poller.decisions.regression`) is decided after the job finished.
         "baseline",
         "gate",
     }
@@ -218,7 +218,7 @@ class JobView:
     # Why the listed object could not be read as a job (then spec and status
     # hold only what could be salvaged, enough to end the job or expire it).
     problem: str | None = None
-    # Kueue's labels on the job (`poller.kueuegate`): its LocalQueue and its
+    # Kueue's labels on the job (`poller.decisions.kueueadmission`): its LocalQueue and its
     # WorkloadPriorityClass; empty without them.
     queue_name: str = ""
     priority_class: str = ""

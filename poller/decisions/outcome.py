@@ -26,12 +26,19 @@ from driver import protocol
 from driver.decoder import DecodedLog, Outcome
 from driver.itemscores import ItemScores
 from poller import api
-from poller.actions import Action, Decision, ExecRequest, LogRequest, ReleaseHold, StoreResults
 from poller.api.settings import Settings
-from poller.draft import StatusDraft
+from poller.decisions.actions import (
+    Action,
+    Decision,
+    ExecRequest,
+    LogRequest,
+    ReleaseHold,
+    StoreResults,
+)
+from poller.decisions.draft import StatusDraft
+from poller.decisions.views import ExecView, JobView, LogView, PodView
 from poller.jobpod import gittasks, podspec
 from poller.results import itemstore, lmeval, provenance
-from poller.views import ExecView, JobView, LogView, PodView
 
 __all__ = [
     "FIRST_TAIL_LINES",

@@ -47,9 +47,9 @@ from pydantic import ValidationError
 from driver.itemscores import ITEM_SCORES_LIMITS, TaskItems, decode_item_scores
 from driver.protocol import parse_results_json
 from poller import api
-from poller.draft import StatusDraft
+from poller.decisions.draft import StatusDraft
+from poller.decisions.views import JobView
 from poller.results import lmeval, pairedstats
-from poller.views import JobView
 
 __all__ = [
     "BASELINE_FAILED",

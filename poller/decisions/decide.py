@@ -14,11 +14,11 @@ status patch at all, so an idle cycle writes nothing. It never re-creates a
 pod behind the user's back: a vanished or evicted pod ends the job Failed;
 only an explicit resume starts a fresh pod. Whenever it deletes a pod that
 ran, it first asks for the log tail to be archived. A pod under the job's
-pod name is first judged (`poller.ownership`): one the poller did not make
+pod name is first judged (`poller.decisions.ownership`): one the poller did not make
 ends the job and is never touched. Which branch an observation takes is
-`poller.routing` (shared with `what_to_observe`); how a job gets its pod
-(made from its spec, adopted, or queued for a slot) is `poller.scheduling`;
-reading a finished evaluation's outcome is `poller.outcome`. What stays here
+`poller.decisions.routing` (shared with `what_to_observe`); how a job gets its pod
+(made from its spec, adopted, or queued for a slot) is `poller.decisions.scheduling`;
+reading a finished evaluation's outcome is `poller.decisions.outcome`. What stays here
 is what each branch does once routed: the dispatch, the running job, its
 stops (cancel, suspend, deadline, eviction, a pod that never starts), the
 retention of a finished job, and Kueue's waits and finished workloads. It
@@ -30,9 +30,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from poller import api, kueuegate, outcome
-from poller import gate as regression
-from poller.actions import (
+from poller import api
+from poller.api.settings import Settings
+from poller.decisions import kueueadmission, outcome, regression
+from poller.decisions.actions import (
     Action,
     ArchiveLog,
     CreateWorkload,
@@ -47,16 +48,15 @@ from poller.actions import (
     ReleaseHold,
     StoreResults,
 )
-from poller.api.settings import Settings
-from poller.draft import StatusDraft
-from poller.gate import GateView
+from poller.decisions.draft import StatusDraft
+from poller.decisions.kueueadmission import KueueView
+from poller.decisions.ownership import altered_pod_message, foreign_pod_message, judge_pod
+from poller.decisions.regression import GateView
+from poller.decisions.routing import Step, deadline_exceeded, route, submitted_for
+from poller.decisions.scheduling import adopt, decide_failure, job_pod, queued, schedule
+from poller.decisions.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 from poller.jobpod import gittasks, podspec
-from poller.kueuegate import KueueView
-from poller.ownership import altered_pod_message, foreign_pod_message, judge_pod
-from poller.routing import Step, deadline_exceeded, route, submitted_for
-from poller.scheduling import adopt, decide_failure, job_pod, queued, schedule
 from poller.timefmt import seconds_between
-from poller.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
 
 __all__ = ["PROGRESS_TAIL_LINES", "decide", "what_to_observe"]
 
@@ -138,7 +138,7 @@ def _finish_workload(
         return []
     succeeded = status.reason == R.SUCCEEDED
     message = status.message or (status.reason or R.NO_REASON).value
-    patch = kueuegate.finished_status(workload, succeeded, message, now)
+    patch = kueueadmission.finished_status(workload, succeeded, message, now)
     return [PatchWorkloadStatus(workload.name, patch, workload.resource_version)]
 
 
@@ -153,7 +153,7 @@ def _retention(
     kept = _kept(job, settings, now)
     if kept.actions or gate is None:
         return Decision([*finish, *kept.actions])
-    # A finished gated job: its regression gate (`poller.gate`).
+    # A finished gated job: its regression gate (`poller.decisions.regression`).
     gated: list[Action] = []
     if (found := regression.decide_gate(job, gate)) is not None:
         draft = StatusDraft(job, now)
@@ -235,7 +235,7 @@ def what_to_observe(
     PROGRESS_TAIL_LINES lines, and in exec mode the results file the driver
     holds, if that log shows it holding one (`outcome.results_to_exec`); a
     finished gated job (`gate`), both jobs' per-item scores when its gate
-    needs them (`poller.gate.needs_items`).
+    needs them (`poller.decisions.regression.needs_items`).
     """
     step = route(job, pod, now, queue, kueue)
     if step is Step.RETENTION and gate is not None and not _kept(job, settings, now).actions:
@@ -274,8 +274,8 @@ def decide(
     `cat` of the held results returned, `run_as_user` the namespace's
     OpenShift UID (for a pod made now), if any. `queue` is set when the job
     waits for a free slot (max-running-jobs); `kueue` when the job is under
-    Kueue (`poller.kueuegate`), with what `what_to_observe` asked of it;
-    `gate` when it has a regression gate (`poller.gate`), with the per-item
+    Kueue (`poller.decisions.kueueadmission`), with what `what_to_observe` asked of it;
+    `gate` when it has a regression gate (`poller.decisions.regression`), with the per-item
     scores read.
     """
     decision = _decide(job, pod, settings, now, log, queue, exec_view, run_as_user, kueue, gate)
@@ -424,12 +424,12 @@ def _running(
 
 
 def _kueue_wait(
-    job: JobView, workload: kueuegate.WorkloadView | None, now: dt.datetime, message: str = ""
+    job: JobView, workload: kueueadmission.WorkloadView | None, now: dt.datetime, message: str = ""
 ) -> StatusDraft:
     """The status of a job Kueue holds: Suspended, in Kueue's own words."""
     draft = StatusDraft(job, now)
-    message = message or kueuegate.waiting_message(workload, job.queue_name)
-    reason = kueuegate.waiting_reason(workload)
+    message = message or kueueadmission.waiting_message(workload, job.queue_name)
+    reason = kueueadmission.waiting_reason(workload)
     draft.state(S.SUSPENDED, R.NO_REASON, message, event=reason)
     draft.fields.setdefault("suspend_time", draft.now)
     draft.condition(C.SUSPENDED, True, reason, message)
@@ -446,7 +446,7 @@ def _gated(
     now: dt.datetime,
     kueue: KueueView,
 ) -> Decision:
-    """`decide` for the steps under Kueue's gate (`poller.kueuegate`)."""
+    """`decide` for the steps under Kueue's gate (`poller.decisions.kueueadmission`)."""
     workload = kueue.workload
     if step is Step.KUEUE_SUBMIT:
         made = job_pod(job, settings, now, None)
@@ -456,10 +456,10 @@ def _gated(
         if job.priority_class and (priority is None or priority.value is None):
             message = (
                 f"waiting: WorkloadPriorityClass {job.priority_class} (label "
-                f"{kueuegate.PRIORITY_LABEL}) does not exist"
+                f"{kueueadmission.PRIORITY_LABEL}) does not exist"
             )
             return Decision(_kueue_wait(job, None, now, message).actions())
-        manifest = kueuegate.workload_manifest(
+        manifest = kueueadmission.workload_manifest(
             job_name=job.name,
             job_uid=job.uid,
             namespace=job.namespace,
@@ -477,12 +477,12 @@ def _gated(
         draft = _kueue_wait(job, None, now, message)
         return Decision([DeleteWorkload(workload.name), *draft.actions()])
     if workload is not None and step is Step.KUEUE_RELEASE:
-        status = kueuegate.requeue_status(workload, now)
+        status = kueueadmission.requeue_status(workload, now)
         release = PatchWorkloadStatus(workload.name, status, workload.resource_version)
         return Decision([release, *_kueue_wait(job, workload, now).actions()])
     if step is Step.KUEUE_STOP:
-        message = kueuegate.stop_message(workload) + "; the job is back in Kueue's queue"
+        message = kueueadmission.stop_message(workload) + "; the job is back in Kueue's queue"
         draft = _kueue_wait(job, workload, now, message)
-        draft.condition(C.RUNNING, False, kueuegate.waiting_reason(workload), message)
+        draft.condition(C.RUNNING, False, kueueadmission.waiting_reason(workload), message)
         return Decision(draft.actions(before=_remove_pod(pod, settings)))
     return Decision(_kueue_wait(job, workload, now).actions())

@@ -34,8 +34,8 @@ Without the label, or without Kueue installed, none of this applies and the
 job behaves as it always did. Jobs under Kueue are not counted by
 ``max-running-jobs``: Kueue's quotas govern them.
 
-This module is pure (no I/O, no `kubernetes`): `poller.decide` calls it (its
-routing and scheduling too: `poller.routing`, `poller.scheduling`), and
+This module is pure (no I/O, no `kubernetes`): `poller.decisions.decide` calls it (its
+routing and scheduling too: `poller.decisions.routing`, `poller.decisions.scheduling`), and
 `poller.observe` reads what it names.
 """
 
@@ -50,9 +50,9 @@ from typing import Any
 from typing_extensions import TypedDict
 
 from poller import api
+from poller.decisions.views import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, controller_reference
 from poller.jobpod import podspec
 from poller.timefmt import format_time
-from poller.views import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, controller_reference
 
 __all__ = [
     "KUEUE_GROUP",

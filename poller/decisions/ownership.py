@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from poller.views import JobView, PodView, controller_reference
+from poller.decisions.views import JobView, PodView, controller_reference
 
 __all__ = [
     "PodTrust",

@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 
 from poller import api
-from poller.views import JobView, PodView, QueueSlot
+from poller.decisions.views import JobView, PodView, QueueSlot
 
 __all__ = ["fair_order", "plan_queue"]
 

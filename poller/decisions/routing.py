@@ -1,12 +1,12 @@
 """Which branch of `decide` a job and its pod are in: the routing alone. Pure.
 
-Why this module exists: `poller.decide` answers two questions of one
+Why this module exists: `poller.decisions.decide` answers two questions of one
 observation, what to read before deciding (`what_to_observe`) and what to do
 (`decide`), and both must take the same branch: otherwise a log is read for a
 branch not taken, or a pod the poller did not make is read at all. `route`
 is that one answer, kept apart from what each branch does: it looks at the
-job, its pod (judged by `poller.ownership`), its place in the queue, Kueue's
-gate (`poller.kueuegate`) and the deadline, and names a `Step`; it builds no
+job, its pod (judged by `poller.decisions.ownership`), its place in the queue, Kueue's
+gate (`poller.decisions.kueueadmission`) and the deadline, and names a `Step`; it builds no
 status and no action. Like `decide` it does no I/O, imports nothing from
 `kubernetes` and takes its clock as an argument.
 """
@@ -16,11 +16,12 @@ from __future__ import annotations
 import datetime as dt
 from enum import Enum
 
-from poller import api, kueuegate
-from poller.kueuegate import Gate, KueueView
-from poller.ownership import PodTrust, judge_pod
+from poller import api
+from poller.decisions import kueueadmission
+from poller.decisions.kueueadmission import Gate, KueueView
+from poller.decisions.ownership import PodTrust, judge_pod
+from poller.decisions.views import JobView, PodView, QueueSlot
 from poller.timefmt import seconds_between
-from poller.views import JobView, PodView, QueueSlot
 
 __all__ = ["Step", "deadline_exceeded", "route", "spec_changed", "submitted_for"]
 
@@ -54,7 +55,7 @@ class Step(Enum):
     POD_DELETING = "pod-deleting"
     STARTING = "starting"  # pending, or the container waits
     RUNNING = "running"
-    # Under Kueue (`poller.kueuegate`); an admitted job without a pod is SCHEDULE.
+    # Under Kueue (`poller.decisions.kueueadmission`); an admitted job without a pod is SCHEDULE.
     KUEUE_SUBMIT = "kueue-submit"  # create the workload
     KUEUE_RESUBMIT = "kueue-resubmit"  # the job changed while waiting: a new workload
     KUEUE_WAIT = "kueue-wait"  # the workload waits for admission
@@ -102,7 +103,7 @@ def route(
     if job.suspend_requested:
         return Step.SUSPEND
     if kueue is not None:
-        verdict = kueuegate.gate(
+        verdict = kueueadmission.gate(
             state=state,
             pod_exists=pod is not None,
             pod_deleting=pod is not None and pod.deleting,
@@ -167,4 +168,4 @@ def deadline_exceeded(job: JobView, now: dt.datetime) -> str | None:
 
 def submitted_for(job: JobView) -> str:
     """What a workload made now for `job` is for: one submitted for anything else is stale."""
-    return kueuegate.submitted_for(job.generation, job.queue_name, job.priority_class)
+    return kueueadmission.submitted_for(job.generation, job.queue_name, job.priority_class)
