@@ -22,11 +22,11 @@ from types import FrameType
 
 from poller import buildinfo, heap
 from poller.api.settings import SettingsTracker, install_defaults
+from poller.cycle.reconciler import Reconciler
 from poller.kube.client import Kube
 from poller.kube.transport import ApiTransport
 from poller.leader import LeaderElector
 from poller.metrics import PollerMetrics, serve
-from poller.reconciler import Reconciler
 from poller.service import PollingService
 
 __all__ = ["main"]

@@ -2,7 +2,7 @@
 
 Built at scrape time from the last cycle's snapshot (the jobs it read), an
 immutable tuple replaced as a whole after each cycle, and the series of the
-finished jobs kept between sweeps (`poller.retained`), which the cycle no
+finished jobs kept between sweeps (`poller.cycle.retained`), which the cycle no
 longer lists: a job in both is exposed from the snapshot. Nothing else per
 job is remembered, so a deleted job's series are gone from the next scrape
 after it leaves both (the sweep removes a deleted finished job from the
@@ -31,8 +31,8 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from poller import api
+from poller.cycle.jobseries import GateSeries, JobSeries, series_of
 from poller.decisions.views import JobView
-from poller.jobseries import GateSeries, JobSeries, series_of
 
 __all__ = ["STATES", "JobCollector", "JobFamilyPart", "family_labels"]
 
@@ -60,7 +60,7 @@ class JobCollector(Collector):
         """Replace the snapshot; the next scrape sees exactly these jobs.
 
         `retained` are the finished jobs kept between sweeps
-        (`poller.retained.RetainedJobs.series`); a job among `jobs` too is
+        (`poller.cycle.retained.RetainedJobs.series`); a job among `jobs` too is
         exposed from `jobs` (read this cycle). The two are merged at scrape
         time, so a cycle does no work per retained job.
         """

@@ -14,7 +14,7 @@ Two kinds of series, kept apart on purpose:
   who creates jobs with fresh names would otherwise grow them without bound.
 * **Jobs** (`poller.jobmetrics.JobCollector`, registered here): built at
   scrape time from the last cycle's snapshot and the finished jobs the
-  poller retains (`poller.retained`), so a deleted job's series are gone from the
+  poller retains (`poller.cycle.retained`), so a deleted job's series are gone from the
   next scrape after it leaves both.
 
 No label is ever named ``job`` or ``instance``: Prometheus attaches those to
@@ -61,9 +61,9 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import Collector
 
 from poller import api, buildinfo
+from poller.cycle.reconciler import CycleReport
 from poller.decisions.views import JobView
 from poller.jobmetrics import JobCollector, JobFamilyPart
-from poller.reconciler import CycleReport
 from poller.timefmt import timestamp
 
 __all__ = [

@@ -3,7 +3,7 @@
 Two interval jobs, each never overlapping itself (``max_instances=1``) and
 never dropped for starting late (``misfire_grace_time=None``; ``coalesce``
 folds a backlog into one run): the cycle every ``poll-interval``, and the
-sweep of finished jobs (`poller.sweep`) every ``finished-sweep-interval``, on
+sweep of finished jobs (`poller.cycle.sweep`) every ``finished-sweep-interval``, on
 a thread of its own so that a step listing thousands of finished jobs never
 delays the cycle that sees a pod end. After every run the effective interval
 is compared with the trigger's, and a change reschedules the job at once, so
@@ -22,8 +22,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from poller import timefmt
+from poller.cycle.reconciler import CycleReport, Reconciler
 from poller.heap import release_freed_memory
-from poller.reconciler import CycleReport, Reconciler
 
 __all__ = ["JOB_ID", "SWEEP_ID", "PollingService"]
 

@@ -25,9 +25,9 @@ from kubernetes import client
 from driver.protocol import encode_marker, encode_results
 from poller import api
 from poller.api.settings import CONFIGMAP_NAME
+from poller.cycle.reconciler import CycleReport, Reconciler
 from poller.kube.client import Kube
 from poller.kube.transport import ApiTransport
-from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.crd import CRD_PATH

@@ -295,7 +295,7 @@ class Settings(BaseModel):
             le=MAX_PROGRESS_READS_PER_CYCLE,
         ),
     ] = 50
-    # The sweep of finished jobs (`poller.sweep`): every finished-sweep-interval,
+    # The sweep of finished jobs (`poller.cycle.sweep`): every finished-sweep-interval,
     # the next finished-sweep-jobs of them are listed (pages of 500), so a sweep
     # round over N finished jobs takes N / finished-sweep-jobs steps.
     finished_sweep_interval: Annotated[

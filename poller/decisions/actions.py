@@ -2,8 +2,8 @@
 
 `poller.decisions.decide.what_to_observe` names what one job's decision needs beyond
 its listed object and pod (a log window, the results file the driver holds,
-the namespace's UID range); `poller.observe` reads it before `decide` runs;
-`decide` returns a `Decision`, whose actions `poller.act` carries out.
+the namespace's UID range); `poller.cycle.observe` reads it before `decide` runs;
+`decide` returns a `Decision`, whose actions `poller.cycle.act` carries out.
 Actions are only actions: nothing in `Action` asks for more data.
 """
 
@@ -58,7 +58,8 @@ class ExecRequest:
 @dataclass(frozen=True)
 class Needs:
     """What one job's decision needs besides its listed object and pod
-    (`poller.decisions.decide.what_to_observe`), read before `decide` runs (`poller.observe`)."""
+    (`poller.decisions.decide.what_to_observe`), read before `decide` runs
+    (`poller.cycle.observe`)."""
 
     namespace_uid: bool = False  # its OpenShift UID range: a pod is about to be made
     log: LogRequest | None = None  # the log window to read first

@@ -36,7 +36,7 @@ job behaves as it always did. Jobs under Kueue are not counted by
 
 This module is pure (no I/O, no `kubernetes`): `poller.decisions.decide` calls it (its
 routing and scheduling too: `poller.decisions.routing`, `poller.decisions.scheduling`), and
-`poller.observe` reads what it names.
+`poller.cycle.observe` reads what it names.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ When the main container has terminated (or, in exec mode, the driver holds
 it after reporting), `decide` hands over to this part: what the driver's
 final marker and the container's termination state say, which results count
 and where they go. Before that, the cycle reads what this part says must be
-read (`poller.observe`): which window of the pod log first, when a wider or
+read (`poller.cycle.observe`): which window of the pod log first, when a wider or
 narrower one (`next_results_window`, the rule below), and in exec mode the
 results file the driver holds (`results_to_exec`). Everything it reads was
 written by whoever controls the job, so the log comes decoded and bounded

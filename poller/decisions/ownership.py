@@ -3,7 +3,7 @@
 The poller finds a job's pod by the deterministic name it gives it (in the
 job's own namespace), never by labels or ownerReferences alone: anyone who
 may create pods can copy those. What decides is the proof of origin that
-only the poller can compute (`poller.identity`, checked into
+only the poller can compute (`poller.cycle.podproof`, checked into
 `PodView.proof_attempt` when the pod is listed) and what the job's status
 recorded when the poller created it (`podAttempt`, `podUID`):
 
@@ -11,7 +11,7 @@ recorded when the poller created it (`podAttempt`, `podUID`):
 * ADOPT: the next attempt, made by the poller but not recorded yet: it
   crashed, or lost a race, between creating the pod and writing the status.
   The status then records it; nothing is created twice. Also a pod an older
-  poller made before proofs existed (attempt 0, see `poller.identity`), for a
+  poller made before proofs existed (attempt 0, see `poller.cycle.podproof`), for a
   job whose status records no attempt yet.
 * ALTERED: the poller's pod, changed since it was admitted: a container's
   image was replaced (the kubelet then restarts that container, with the

@@ -12,7 +12,7 @@ otherwise. Never a silent pass: only a computed comparison sets False.
 The decision follows the cycle's rule "observe everything, decide once":
 
 * `needs_items` says whether deciding needs both jobs' per-item scores (the
-  reads are two bounded ConfigMap GETs, made by `poller.observe`); that is
+  reads are two bounded ConfigMap GETs, made by `poller.cycle.observe`); that is
   only when both jobs succeeded and no outcome that is kept exists (a
   verdict, or a final outcome for this spec generation and baseline object);
 * `decide_gate` turns the job, its baseline's listed view and what was read
@@ -113,7 +113,7 @@ class GateView:
     """A gated job's side of the gate: its baseline as listed, and what was read.
 
     `baseline` is None when no LMEvalJob of that name is listed in the job's
-    namespace. `own` and `base` are filled by `poller.observe` when
+    namespace. `own` and `base` are filled by `poller.cycle.observe` when
     `needs_items` asked for them.
     """
 

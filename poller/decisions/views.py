@@ -124,7 +124,7 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 # Where the poller's proof of origin sits on a pod, and how it is checked:
 # (annotation value, namespace, pod name, owner job UID, creationTimestamp)
-# -> the attempt it proves, or None (`poller.identity.PodProof.attempt_of`).
+# -> the attempt it proves, or None (`poller.cycle.podproof.PodProof.attempt_of`).
 PROOF_ANNOTATION = f"{api.API_GROUP}/pod-proof"
 ProofCheck = Callable[[str | None, str, str, str, str], int | None]
 
@@ -406,7 +406,7 @@ class PodView:
     # if any: the one the main container waits for, or the one that failed.
     init: tuple[str, ContainerView] | None = None
     # Which of the job's pods the poller's keyed proof says this is (see
-    # `poller.identity`); None when it carries no valid proof: not ours.
+    # `poller.cycle.podproof`); None when it carries no valid proof: not ours.
     proof_attempt: int | None = None
     # `pod_fingerprint` of its spec as listed, and what in the pod itself shows
     # it was changed after admission ("" when nothing does).

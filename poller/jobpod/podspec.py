@@ -357,7 +357,7 @@ def _job_volumes(
         if source.config_map is None:
             continue  # a Git source: see poller.jobpod.gittasks
         # The pod mounts the job's immutable snapshot of the ConfigMap (made by
-        # the poller just before the pod, see poller/tasksnapshot.py), at the
+        # the poller just before the pod, see poller/cycle/tasksnapshot.py), at the
         # path named after the source, where the task files point.
         volume_name = f"tasks-{hashlib.sha256(source.config_map.encode()).hexdigest()[:10]}"
         snapshot = task_snapshot_name(name, uid, source.config_map)

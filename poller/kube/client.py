@@ -1,7 +1,7 @@
 """`Kube`: the one class of the poller that talks to the Kubernetes API.
 
 Everything above the I/O layer reaches the API through a `Kube`: the cycle's
-reads (`poller.observe`), its actions (`poller.act`, `poller.statuswrites`),
+reads (`poller.cycle.observe`), its actions (`poller.cycle.act`, `poller.cycle.statuswrites`),
 the leader's Lease (`poller.leader`). Its reads, and the counted request
 every call goes through, are `poller.kube.reads.KubeReads`; this module adds
 what changes the cluster: creating, patching, replacing and deleting

@@ -9,7 +9,7 @@ someone else's object: never overwrite it). An ``except ApiError`` clause
 therefore catches them too; where one is handled differently its clause
 comes first. Whether the same
 request may succeed later is one property, `ApiError.transient`, which the
-operator (`poller.act`, `poller.podreads`, `poller.poison`), the CLI
+operator (`poller.cycle.act`, `poller.cycle.podio`, `poller.cycle.poison`), the CLI
 (`poller.cli.errors.ApiError`, which adds what was asked) and the sandbox
 (`poller.sandbox.podsetup.ApiError`) all inherit.
 """

@@ -55,7 +55,7 @@ class _MetadataOnly(TypedDict, total=False):
 
 
 class ObjectMetadata(TypedDict, total=False):
-    """What the sweep of finished jobs reads of each one (`poller.sweep`)."""
+    """What the sweep of finished jobs reads of each one (`poller.cycle.sweep`)."""
 
     namespace: str
     name: str

@@ -211,7 +211,7 @@ class KubeReads:
         metadata_only: bool = False,
     ) -> JobsPage:
         """One page of a LIST of jobs, for a LIST spread over minutes (the sweep of
-        finished jobs, `poller.sweep`), without the next page prefetched.
+        finished jobs, `poller.cycle.sweep`), without the next page prefetched.
 
         `metadata_only` asks for PartialObjectMetadata (no spec, no status: about
         a quarter of the bytes). A continue token older than the apiserver's

@@ -94,12 +94,12 @@ sys.path.append(str(REPO_ROOT))
 from driver import protocol  # noqa: E402
 from poller import api  # noqa: E402
 from poller.api.settings import CONFIGMAP_NAME, Settings  # noqa: E402
+from poller.cycle.observe import MANAGED_SELECTOR  # noqa: E402
+from poller.cycle.reconciler import Reconciler  # noqa: E402
 from poller.decisions import kueueadmission  # noqa: E402
 from poller.jobpod import podspec  # noqa: E402
 from poller.kube.client import PAGE_SIZE, Kube  # noqa: E402
 from poller.kube.transport import ApiTransport  # noqa: E402
-from poller.observe import MANAGED_SELECTOR  # noqa: E402
-from poller.reconciler import Reconciler  # noqa: E402
 from poller.sandbox import kwok  # noqa: E402
 from poller.sandbox.components import free_port  # noqa: E402
 from poller.sandbox.controlplane import ControlPlane  # noqa: E402
@@ -161,6 +161,18 @@ SERVICE_WRAPPER = "import sys; from poller.__main__ import main; sys.exit(main()
 # What the service logs when its sweep's first round after start ended.
 FIRST_ROUND = "sweep of finished jobs: first round"
 POD_SETTINGS = Settings.model_validate({"pod-image": BASE_SETTINGS["pod-image"]})
+
+
+def _has_sweep() -> bool:
+    """Whether the measured revision has the sweep of finished jobs (poller/sweep.py, later
+    poller/cycle/sweep.py): before it, there was no start-up round to wait out."""
+    for name in ("poller.cycle.sweep", "poller.sweep"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ModuleNotFoundError:
+            continue
+    return False
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -951,7 +963,7 @@ class Bench:
                 if time.monotonic() > deadline or service.poll() is not None:
                     raise AssertionError(f"latency jobs not Running: {states()}")
                 time.sleep(0.5)
-            if importlib.util.find_spec("poller.sweep") is not None:
+            if _has_sweep():
                 # Measured in the steady state, as the idle minute is: a fresh
                 # process's sweep reads every finished job whole first (start-up).
                 deadline = time.monotonic() + 1800

@@ -4,7 +4,7 @@ Why this exists: issue 15 found that one job author's pod output took the
 poller from 56 MiB to over 1 GiB. This prints, for every log in
 `tests.hostile_logs`, what the poller's log path costs: the bytes as the
 apiserver would send them (all of them, or the first `LOG_READ_RESULTS_BYTES`
-when the poller caps its reads), decoded the way `poller.reconciler` decodes them.
+when the poller caps its reads), decoded the way `poller.cycle.reconciler` decodes them.
 Each case runs in a fresh interpreter: the peak of traced allocations
 (tracemalloc), the growth of the resident set (ru_maxrss) and the time, and
 what the decoder said (or the exception that escaped it).
@@ -31,7 +31,7 @@ name = sys.argv[1]
 data = hostile_logs.HOSTILE_LOGS[name]().encode()
 try:
     from driver.decoder import decode_bytes as decode_log_bytes
-    from poller.podreads import LOG_READ_RESULTS_BYTES
+    from poller.cycle.podio import LOG_READ_RESULTS_BYTES
     capped = True
 except ImportError:  # before issue 15: the whole body, decoded as one string
     from driver.protocol import decode_text

@@ -107,7 +107,7 @@ from bench_cycle import (
     write_json,
 )
 
-from poller.observe import HOT_PAGE_SIZE, MANAGED_SELECTOR
+from poller.cycle.observe import HOT_PAGE_SIZE, MANAGED_SELECTOR
 from poller.sandbox.components import free_port
 from poller.sandbox.controlplane import ControlPlane
 
@@ -134,6 +134,18 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 # -- what the apiserver and the service say about themselves ------------------------
+
+
+def _has_sweep() -> bool:
+    """Whether the measured revision has the sweep of finished jobs (poller/sweep.py, later
+    poller/cycle/sweep.py): before it, there was no start-up round to wait out."""
+    for name in ("poller.cycle.sweep", "poller.sweep"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ModuleNotFoundError:
+            continue
+    return False
 
 
 def apiserver_counters(bench: Bench) -> dict[tuple[str, str, str], float]:
@@ -297,7 +309,7 @@ def idle_minute(bench: Bench, tag: str, interval: float) -> dict[str, Any]:
     try:
         with service(bench, tag) as (proc, port, log_path):
             wait_alive(proc, args.warmup_seconds, log_path)
-            if importlib.util.find_spec("poller.sweep") is not None:
+            if _has_sweep():
                 # The sweep's first round (whole objects, at once) is start-up,
                 # not the idle steady state: the window opens after it.
                 started = time.monotonic()

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 

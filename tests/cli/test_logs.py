@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from driver.protocol import MARKER_PREFIX, encode_marker
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.sandbox import kwok
 from tests.cli.conftest import BackgroundPoller, Cli, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from poller import api
 from poller.cli.rerun import RERUN_OF, RERUN_OF_UID
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from tests.cli.conftest import Cli, finish, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until
 

@@ -27,7 +27,7 @@ import pytest
 from kubernetes import client
 
 from poller import api
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from tests.cli.conftest import BackgroundPoller, Cli, cli_env, finish, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 

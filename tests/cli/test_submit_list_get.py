@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client
 
 from poller import api
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from tests.cli.conftest import Cli, finish
 from tests.poller_fixtures import CapturedRun, Jobs
 

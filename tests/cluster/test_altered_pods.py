@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.reconciler import Reconciler
 from poller.decisions.views import pod_fingerprint
-from poller.reconciler import Reconciler
 from tests.poller_fixtures import (
     CapturedRun,
     Jobs,

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller import api, tasksnapshot
+from poller import api
+from poller.cycle import tasksnapshot
+from poller.cycle.reconciler import Reconciler
 from poller.decisions.views import JobView
 from poller.jobpod import podspec
-from poller.reconciler import Reconciler
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
 from tests.waiting import wait_for
 

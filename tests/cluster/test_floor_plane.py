@@ -37,9 +37,9 @@ import pytest
 import yaml
 
 from poller import api
+from poller.cycle.observe import HOT_JOBS
 from poller.kube.client import Kube
 from poller.kube.transport import ApiTransport
-from poller.observe import HOT_JOBS
 from poller.sandbox import build, images
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import service_account_kubeconfig, user_kubeconfig

@@ -22,8 +22,8 @@ import pytest
 from kubernetes import client
 
 from poller import api
+from poller.cycle.reconciler import Reconciler
 from poller.decisions.views import spec_digest
-from poller.reconciler import Reconciler
 from tests.poller_fixtures import Jobs, cycle_until, cycle_until_state, wait_pod_gone
 
 pytestmark = pytest.mark.cluster

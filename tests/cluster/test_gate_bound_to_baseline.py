@@ -29,9 +29,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api, timefmt
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
+from poller.cycle.retained import compact_version
 from poller.results import lmeval
-from poller.retained import compact_version
 from tests.cluster.test_regression_gate_reads import RIGHT, WORSE, N, _condition, _items
 from tests.poller_fixtures import Jobs, cycle_until
 from tests.waiting import wait_for

@@ -24,7 +24,7 @@ from kubernetes import client
 
 from driver.protocol import encode_marker, encode_results
 from poller import api
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.sandbox import kwok
 from tests import hostile_logs
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings, terminate

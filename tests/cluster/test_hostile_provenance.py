@@ -37,7 +37,7 @@ from driver.itemscores import (
 )
 from driver.protocol import encode_items, encode_marker, encode_results
 from poller import api
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.results import lmeval
 from poller.sandbox import kwok
 from tests.cluster.test_hostile_logs import _terminated, finish_within, running_pod, serve

@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from poller.api.settings import MAX_PROBLEMS_LISTED
-from poller.reconciler import CycleReport, Reconciler
+from poller.cycle.reconciler import CycleReport, Reconciler
 from poller.service import PollingService
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings, terminate
 from tests.waiting import wait_for

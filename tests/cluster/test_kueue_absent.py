@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from poller.cycle.reconciler import Reconciler
 from poller.decisions.kueueadmission import QUEUE_LABEL
-from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import Jobs, cycle_until, job_body
 

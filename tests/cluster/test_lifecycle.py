@@ -23,8 +23,8 @@ from kubernetes import client
 
 from driver.protocol import encode_marker
 from poller import api
+from poller.cycle.reconciler import Reconciler
 from poller.kube.client import Kube, LogTail
-from poller.reconciler import Reconciler
 from poller.results.lmeval import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane

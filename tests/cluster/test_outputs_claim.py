@@ -38,9 +38,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline, podspec
 from poller.kube.client import Kube
-from poller.reconciler import Reconciler
 from poller.results import lmeval
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import POLLER_USER, Jobs, cycle_until

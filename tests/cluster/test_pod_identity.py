@@ -40,11 +40,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.podproof import KEY_FIELD, KEY_SECRET
+from poller.cycle.reconciler import Reconciler
 from poller.decisions.views import PROOF_ANNOTATION
-from poller.identity import KEY_FIELD, KEY_SECRET
 from poller.jobpod import podspec
 from poller.kube.client import Kube
-from poller.reconciler import Reconciler
 from poller.results import lmeval
 from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import (

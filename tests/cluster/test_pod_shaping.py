@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
 
 pytestmark = pytest.mark.cluster

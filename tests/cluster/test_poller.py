@@ -23,9 +23,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api
+from poller.cycle.reconciler import CycleReport, Reconciler
 from poller.jobpod import podspec
 from poller.kube.client import Kube
-from poller.reconciler import CycleReport, Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import api_client, service_account_kubeconfig
 from poller.service import PollingService

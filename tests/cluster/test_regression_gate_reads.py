@@ -22,7 +22,7 @@ from kubernetes import client
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
 from poller import api
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.results import lmeval
 from tests.poller_fixtures import Jobs, cycle_until
 

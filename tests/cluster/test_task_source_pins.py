@@ -22,8 +22,8 @@ import pytest
 from kubernetes import client
 
 from driver.protocol import encode_marker, encode_results
+from poller.cycle.reconciler import Reconciler
 from poller.decisions import outcome
-from poller.reconciler import Reconciler
 from poller.results import lmeval
 from tests.cluster.test_hostile_logs import _terminated, finish_within, running_pod, serve
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, set_settings, terminate

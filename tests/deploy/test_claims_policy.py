@@ -43,8 +43,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from poller import api
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline
-from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.identities import service_account_kubeconfig, user_kubeconfig
 from tests.deploy import policies

@@ -35,10 +35,10 @@ import pytest
 from kubernetes import client
 
 from poller import api
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline
 from poller.kube.client import Kube
 from poller.leader import LeaderElector
-from poller.reconciler import Reconciler
 from poller.results import lmeval
 from poller.sandbox import kwok
 from poller.sandbox.controlplane import ControlPlane

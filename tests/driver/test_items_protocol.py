@@ -31,8 +31,8 @@ from driver.protocol import (
     encode_marker,
     encode_results,
 )
+from poller.cycle.podio import LOG_READ_RESULTS_BYTES
 from poller.decisions import outcome
-from poller.podreads import LOG_READ_RESULTS_BYTES
 
 RESULTS = json.dumps({"results": {"t": {"acc,none": 0.5}}}).encode()
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.poller_fixtures import Jobs, cycle_until

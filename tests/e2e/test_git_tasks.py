@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import gittasks
-from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample

@@ -22,7 +22,7 @@ from kubernetes import client
 
 from driver.decoder import decode_text
 from poller import api
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import NODE_NAME, LocalRunner
 from tests.e2e.conftest import results_file, sample, submit

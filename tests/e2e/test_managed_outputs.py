@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline, podspec
-from poller.reconciler import Reconciler
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.poller_fixtures import Jobs, cycle_until

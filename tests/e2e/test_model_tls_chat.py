@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import modeltls
-from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.pki import serving_ca
 from poller.sandbox.runner import LocalRunner

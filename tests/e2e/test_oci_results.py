@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import ocioutput
-from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
 from tests import ociregistry

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.e2e.test_offline_storage import LMEVAL_TIMEOUT, static_claim

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline
-from poller.reconciler import Reconciler
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner
 from poller.sandbox.s3server import S3Server

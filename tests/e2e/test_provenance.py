@@ -24,7 +24,7 @@ from kubernetes import client
 
 import driver
 from driver.itemscores import decode_item_scores
-from poller.reconciler import Reconciler
+from poller.cycle.reconciler import Reconciler
 from poller.results import lmeval
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner

@@ -34,8 +34,8 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from poller import api
+from poller.cycle.reconciler import Reconciler
 from poller.jobmetrics import JobCollector
-from poller.reconciler import Reconciler
 from poller.sandbox.controlplane import ControlPlane
 from poller.sandbox.model_server import ModelServer
 from poller.sandbox.runner import LocalRunner

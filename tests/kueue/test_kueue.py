@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from poller.cycle.reconciler import Reconciler
 from poller.decisions import kueueadmission
-from poller.reconciler import Reconciler
 from poller.results.lmeval import LOG_ARCHIVE_KEY
 from poller.sandbox import kwok
 from tests.kueue_fixtures import GPU, GPU_TOLERATION, Queues

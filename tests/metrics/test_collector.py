@@ -35,9 +35,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from poller import api, buildinfo
+from poller.cycle.reconciler import CycleReport
 from poller.decisions.views import JobView
 from poller.metrics import MetricsServer, PollerMetrics, exposition_app, serve
-from poller.reconciler import CycleReport
 from poller.results.lmeval import parse_scores
 from tests.metrics.conftest import TOY_RESULTS, make_job
 

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from poller.cycle.reconciler import CycleReport
 from poller.metrics import PollerMetrics, serve
-from poller.reconciler import CycleReport
 from poller.sandbox import build
 from poller.sandbox.prometheus import promtool
 from tests.metrics.conftest import TOY_RESULTS, make_job

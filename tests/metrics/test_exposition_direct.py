@@ -22,8 +22,8 @@ import pytest
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from poller import jobmetrics
+from poller.cycle.jobseries import GateSeries, JobSeries, _layout, _pack
 from poller.jobmetrics import JobCollector, JobFamilyPart
-from poller.jobseries import GateSeries, JobSeries, _layout, _pack
 from poller.metrics import exposition_app
 from poller.results.lmeval import Score
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from poller.cycle.reconciler import CycleReport
 from poller.decisions.views import JobView
 from poller.metrics import PollerMetrics
-from poller.reconciler import CycleReport
 
 
 def gated(name: str, verdict: str, **numbers: Any) -> JobView:

@@ -30,9 +30,9 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from poller import api
+from poller.cycle.reconciler import Reconciler
 from poller.kube.client import Kube
 from poller.metrics import MetricsServer, PollerMetrics, serve
-from poller.reconciler import Reconciler
 from poller.sandbox.prometheus import PrometheusServer, promtool
 from poller.service import PollingService
 from tests.metrics.test_deploy import DASHBOARD, write_rules

@@ -1,7 +1,7 @@
 """Per-job series of the finished jobs the poller retains between sweeps.
 
 Checks, on a fresh registry without a cluster: a finished job that the cycle
-no longer lists but the store retains (`poller.retained`) keeps all its
+no longer lists but the store retains (`poller.cycle.retained`) keeps all its
 series (info, counts by state, timestamps, scores with stderr, the gate's
 verdict); a job both in the cycle's snapshot and in the store is exposed
 once, from the snapshot (the newer view); a job dropped from the store and
@@ -17,11 +17,11 @@ from typing import Any, overload
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from poller.cycle.jobseries import JobSeries
+from poller.cycle.reconciler import CycleReport
+from poller.cycle.retained import RetainedJobs, record_of
 from poller.decisions.views import JobView
-from poller.jobseries import JobSeries
 from poller.metrics import PollerMetrics
-from poller.reconciler import CycleReport
-from poller.retained import RetainedJobs, record_of
 from tests.metrics.conftest import TOY_RESULTS, make_job
 
 

@@ -20,8 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from poller.cli import facts, render
+from poller.cycle.reconciler import CycleReport
 from poller.metrics import PollerMetrics
-from poller.reconciler import CycleReport
 from poller.sandbox import demo
 from tests.metrics.conftest import make_job
 

@@ -189,7 +189,7 @@ def test_conditions_explain_every_type_and_reason() -> None:
         regression.BASELINE_MISSING, regression.BASELINE_FAILED, regression.NO_ITEM_SCORES,
         regression.NOT_COMPARABLE, regression.JOB_NOT_SUCCEEDED, regression.INVALID_GATE,
         outcome.TASK_SOURCE_MISMATCH,
-        # decisions.scheduling, .decide, .outcome, .kueueadmission, poller.act, poller.poison:
+        # decisions.scheduling, .decide, .outcome, .kueueadmission, cycle.act, cycle.poison:
         # the reasons they pass to conditions and to a job's finish.
         "PodCreated", "Queued", "ContainerRunning", "Finished", "Suspended", "Resumed",
         "Admitted", "KueueQueued", "KueueInadmissible", "Pushed", "PushFailed",

@@ -18,11 +18,11 @@ from typing import Any
 
 from driver.protocol import encode_marker
 from poller import api
+from poller.cycle.podproof import KEY_FIELD, PodProof
+from poller.cycle.reconciler import ACTION_WORKERS, Reconciler
 from poller.decisions.views import PROOF_ANNOTATION
-from poller.identity import KEY_FIELD, PodProof
 from poller.jobpod import podspec
 from poller.kube.client import JobsPage, LogTail
-from poller.reconciler import ACTION_WORKERS, Reconciler
 
 KEY = bytes(range(32))
 PROOF = PodProof(KEY)

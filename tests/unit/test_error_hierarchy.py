@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from poller.act import refused_for_good
 from poller.cli.errors import ApiError as CliApiError
 from poller.cli.errors import ExitCode, explain
+from poller.cycle.act import refused_for_good
+from poller.cycle.poison import classify
 from poller.kube import errors as apierrors
 from poller.kube.client import ApiError
-from poller.poison import classify
 from poller.sandbox.podsetup import ApiError as SandboxApiError
 
 

@@ -20,12 +20,12 @@ from typing import Any, cast
 import pytest
 
 from poller import api
+from poller.cycle.statuswrites import StatusWrites, merge_patch
 from poller.decisions import decide, regression
 from poller.decisions.actions import Needs, PatchStatus
 from poller.decisions.regression import GateView, ItemsRead
 from poller.decisions.views import JobView
 from poller.kube.client import Kube
-from poller.statuswrites import StatusWrites, merge_patch
 from tests.unit.test_decide import NOW, SETTINGS
 from tests.unit.test_gate import GATE, RIGHT, WORSE, baseline, candidate, read, view
 

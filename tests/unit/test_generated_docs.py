@@ -290,7 +290,7 @@ def test_the_known_status_messages_are_extracted() -> None:
         m for m in messages if m.module == "poller.decisions.ownership" and "ForeignPod" in m.causes
     ]
     assert foreign and all(m.reason == "Failed" for m in foreign)
-    # Through StatusWrites.fail (poller.act), and a queue place (a variable followed).
+    # Through StatusWrites.fail (poller.cycle.act), and a queue place (a variable followed).
     _find(messages, "the job pod was refused: <refused_for_good(error)>")
     queued = _find(messages, "waiting for a free slot: <place> (max-running-jobs: <slot.limit>)")
     assert queued.module == "poller.decisions.scheduling"

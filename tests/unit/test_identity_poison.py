@@ -5,7 +5,7 @@ job UID and attempt it was made for, and only under its key; malformed
 proofs verify as nothing; stamping a manifest overrides whatever proof the
 job's own annotations claimed; the key is read from its Secret, made when
 missing, the winner's read after a lost race, and a Secret with junk is an
-error instead of a silent new key. Then `poller.poison`: poison ends a job at
+error instead of a silent new key. Then `poller.cycle.poison`: poison ends a job at
 once, transient errors only after both the attempt count and the window,
 conflicts and throttling never; success resets the count; the last-resort
 patch is a valid, finite status.
@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import urllib3
 
-from poller import api, poison
+from poller import api
+from poller.cycle import poison
+from poller.cycle.podproof import KEY_FIELD, PodProof, load_pod_proof
 from poller.decisions.views import PROOF_ANNOTATION
-from poller.identity import KEY_FIELD, PodProof, load_pod_proof
 from poller.kube.client import ApiError, Conflict, NotFound
 
 KEY = b"k" * 32

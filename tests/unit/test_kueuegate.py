@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from poller import api
-from poller.act import Actuator
 from poller.api.settings import Settings
+from poller.cycle.act import Actuator
 from poller.decisions import decide, kueueadmission
 from poller.decisions.actions import (
     ArchiveLog,

@@ -29,17 +29,17 @@ from typing import Any
 import pytest
 
 from poller import api
-from poller.act import Actuator
 from poller.api.settings import Settings
+from poller.cycle.act import Actuator
+from poller.cycle.podio import PodIO
+from poller.cycle.podproof import PodProof
+from poller.cycle.statuswrites import StatusWrites
 from poller.decisions import ownership
 from poller.decisions.scheduling import decide_failure, schedule
 from poller.decisions.views import JobView
-from poller.identity import PodProof
 from poller.jobpod import offline, podspec
 from poller.kube.client import Conflict
-from poller.podreads import PodReads
 from poller.results import lmeval
-from poller.statuswrites import StatusWrites
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 UID = "uid-job"
@@ -189,7 +189,7 @@ def job(**outputs: Any) -> JobView:
 
 
 def actuator(kube: StandIn) -> Actuator:
-    return Actuator(kube, PodReads(kube), StatusWrites(kube), lambda: PodProof(bytes(32)))  # type: ignore[arg-type]
+    return Actuator(kube, PodIO(kube), StatusWrites(kube), lambda: PodProof(bytes(32)))  # type: ignore[arg-type]
 
 
 def start(kube: StandIn, view: JobView) -> None:

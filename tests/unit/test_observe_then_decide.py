@@ -25,14 +25,14 @@ import pytest
 
 from driver.protocol import encode_marker, encode_results
 from poller.api.settings import Settings
+from poller.cycle.podproof import KEY_FIELD, PodProof
+from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide, outcome
 from poller.decisions.actions import Decision, LogRequest, Needs
 from poller.decisions.routing import Step, route
 from poller.decisions.views import PROOF_ANNOTATION
-from poller.identity import KEY_FIELD, PodProof
 from poller.jobpod import podspec
 from poller.kube.client import JobsPage, LogTail
-from poller.reconciler import Reconciler
 from tests.unit.test_decide import NOW, SETTINGS, job, log_view, pod, running_status
 
 EXEC = Settings.model_validate({"results-source": "exec"})

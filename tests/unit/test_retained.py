@@ -1,4 +1,4 @@
-"""The store of finished jobs (`poller.retained`), without a cluster.
+"""The store of finished jobs (`poller.cycle.retained`), without a cluster.
 
 Checks: a record holds what the cycle needs of a finished job (UID, name,
 resourceVersion, TTL, completion time, Kueue, and spec.baseline only while
@@ -24,15 +24,15 @@ import random
 import tracemalloc
 from typing import Any
 
-from poller.decisions.views import JobView
-from poller.jobseries import series_of
-from poller.retained import (
+from poller.cycle.jobseries import series_of
+from poller.cycle.retained import (
     FinishedRecord,
     JobKey,
     RetainedJobs,
     expires_at,
     record_of,
 )
+from poller.decisions.views import JobView
 
 COMPLETED = "2030-01-01T01:00:00Z"
 T_DONE = dt.datetime(2030, 1, 1, 1, tzinfo=dt.UTC).timestamp()

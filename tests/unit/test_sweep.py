@@ -1,4 +1,4 @@
-"""The sweep of finished jobs (`poller.sweep`): its pace and what it marks, without a cluster.
+"""The sweep of finished jobs (`poller.cycle.sweep`): its pace and what it marks, without a cluster.
 
 Checks: the first round reads whole objects in one step, whatever the
 budget, and builds a record per job (a gated job without a final outcome
@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from poller.api.settings import Settings
+from poller.cycle.retained import RetainedJobs
+from poller.cycle.sweep import FINISHED_JOBS, FinishedSweep
 from poller.kube.client import JobsPage
-from poller.retained import RetainedJobs
-from poller.sweep import FINISHED_JOBS, FinishedSweep
 
 STATUS = {
     "state": "Complete",

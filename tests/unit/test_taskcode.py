@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from poller import api, tasksnapshot
+from poller import api
+from poller.cycle import tasksnapshot
 from poller.decisions.taskcode import (
     MAX_CONFIGMAP_BYTES,
     MAX_FINDINGS,

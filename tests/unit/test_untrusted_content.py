@@ -30,13 +30,13 @@ from driver.decoder import decode_lines, decode_text
 from driver.protocol import encode_marker
 from poller import api
 from poller.api.settings import Settings
+from poller.cycle.podio import LOG_READ_RESULTS_BYTES
+from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide, outcome
 from poller.decisions.actions import ArchiveLog, DeleteJob, StoreResults
 from poller.decisions.draft import MAX_MESSAGE_CHARS, StatusDraft
 from poller.decisions.views import ExecView, JobView, LogView
 from poller.kube.client import ApiError, LogTail
-from poller.podreads import LOG_READ_RESULTS_BYTES
-from poller.reconciler import Reconciler
 from poller.results import lmeval
 from poller.results.lmeval import parse_scores
 from tests import hostile_logs
@@ -55,7 +55,7 @@ LIMIT = 2 * 1024 * 1024
 
 
 def read(lines: list[str], tail: int, *, cut: bool = False, full: bool = True) -> LogView:
-    """A log view as `PodReads.read_log` makes it."""
+    """A log view as `PodIO.read_log` makes it."""
     count = tail if full else len(lines)
     return LogView(decode_lines(lines), tail, lines_read=count, cut_at=LIMIT if cut else None)
 

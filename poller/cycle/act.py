@@ -3,14 +3,14 @@
 `decide` returns actions in the order they must happen (results and the
 archived log are stored before a pod may go, the status is written after
 what it reports); this module performs them, one job at a time per thread
-(`poller.reconciler` runs several jobs at once). Reads and execs inside a pod
-are `poller.podreads`, status patches and events `poller.statuswrites`.
+(`poller.cycle.reconciler` runs several jobs at once). Reads and execs inside a pod
+are `poller.cycle.podio`, status patches and events `poller.cycle.statuswrites`.
 
 Two things only the actuator can settle are settled here:
 
 * **making the pod**: custom tasks are checked and snapshotted
-  (`poller.tasksnapshot`), the manifest is stamped with the poller's proof
-  of origin (`poller.identity`), and a name already taken is either the
+  (`poller.cycle.tasksnapshot`), the manifest is stamped with the poller's proof
+  of origin (`poller.cycle.podproof`), and a name already taken is either the
   poller's own pod (adopted) or a squatter (the job fails, the pod is never
   touched);
 * **refusals for good**: an API error that is not transient (admission,
@@ -28,9 +28,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from poller import api, tasksnapshot
+from poller import api
 from poller.api import JobState
 from poller.api.settings import Settings
+from poller.cycle import tasksnapshot
+from poller.cycle.podio import PodIO
+from poller.cycle.podproof import PodProof
+from poller.cycle.statuswrites import AdmittedPod, StatusWrites, with_outcome_of_actions
 from poller.decisions.actions import (
     ArchiveLog,
     CreatePod,
@@ -47,12 +51,9 @@ from poller.decisions.actions import (
 )
 from poller.decisions.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
 from poller.decisions.views import JobView, PodView, controller_reference, pod_fingerprint
-from poller.identity import PodProof
 from poller.jobpod import offline, podspec
 from poller.kube.client import ApiError, Conflict, Kube, NotOwned
-from poller.podreads import PodReads
 from poller.results import lmeval
-from poller.statuswrites import AdmittedPod, StatusWrites, with_outcome_of_actions
 
 __all__ = ["Actuator", "Tally", "refused_for_good"]
 
@@ -82,7 +83,7 @@ class Actuator:
     def __init__(
         self,
         kube: Kube,
-        reads: PodReads,
+        reads: PodIO,
         writes: StatusWrites,
         pod_proof: Callable[[], PodProof],
     ) -> None:

@@ -1,15 +1,15 @@
 """Finished jobs between sweeps: what the poller keeps of each, instead of listing them.
 
 A cycle lists only the jobs that can still change (status.state!=Complete,
-`poller.observe`); a finished job leaves that listing in the cycle that
+`poller.cycle.observe`); a finished job leaves that listing in the cycle that
 finishes it. What the poller still needs of it (its metrics series, when its
 TTL expires, whether its regression gate waits for a baseline) is kept here
-as a compact record, and `poller.sweep` re-lists finished jobs on a slower
+as a compact record, and `poller.cycle.sweep` re-lists finished jobs on a slower
 cadence of its own to notice the ones deleted or changed since.
 
 A long-lived cluster keeps 100,000 finished jobs and more, so a record is
 small (under 700 bytes with eight scores, tests/unit/test_retained.py: its
-series compact as `poller.jobseries` makes them, one object per record in
+series compact as `poller.cycle.jobseries` makes them, one object per record in
 the expiry heap), and nothing a cycle asks of the store goes through every
 record: expiries sit in a heap, followed jobs in a set, gated jobs in an
 index by baseline, and the metrics' tuple of series is rebuilt only after a
@@ -32,9 +32,9 @@ from operator import attrgetter
 from sys import intern
 from typing import NamedTuple
 
+from poller.cycle.jobseries import JobSeries, series_of
 from poller.decisions.regression import baseline_name, recorded_verdict
 from poller.decisions.views import JobView
-from poller.jobseries import JobSeries, series_of
 
 __all__ = [
     "FinishedRecord",

@@ -1,8 +1,8 @@
 """The sweep of finished jobs: the slow half of the cycle, its cost bounded whatever the history.
 
-The hot cycle lists only jobs that are not Complete (`poller.observe`), so
+The hot cycle lists only jobs that are not Complete (`poller.cycle.observe`), so
 a finished job costs nothing per cycle; what the poller still needs of it
-lives in the store (`poller.retained`). Two things can happen to a finished
+lives in the store (`poller.cycle.retained`). Two things can happen to a finished
 job that the hot cycle would not see: someone deletes it (its metrics
 series must vanish) or changes it (a spec edit that matters: a new
 ttlSecondsAfterFinished, a new gate). The sweep finds both by listing the
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 from poller import api
 from poller.api.settings import Settings
+from poller.cycle.retained import RetainedJobs, compact_version, record_of
 from poller.decisions.views import JobView
 from poller.kube.client import PAGE_SIZE, Kube
-from poller.retained import RetainedJobs, compact_version, record_of
 
 __all__ = ["FINISHED_JOBS", "FinishedSweep", "SweepReport"]
 

@@ -1,7 +1,7 @@
 """One job's metrics series, compact enough to keep for every finished job.
 
 Why this module exists: the per-job families (`poller.jobmetrics`) are built
-at scrape time from the last cycle's views and from what `poller.retained`
+at scrape time from the last cycle's views and from what `poller.cycle.retained`
 keeps of finished jobs, 100,000 of them and more. So a job's series is a
 small frozen object: repeated strings interned, its score names a layout
 shared by every job of the same suite (a suite's jobs all have the same one),

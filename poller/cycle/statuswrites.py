@@ -9,7 +9,7 @@ Two things only the actuator learns are folded into a status patch here
 (`with_outcome_of_actions`): the UID the apiserver gave the pod it just
 created and its fingerprint as admitted (`views.pod_fingerprint`), and why
 the results ConfigMap could not be written. And when a job
-must end because handling it keeps failing (`poller.poison`), `end_failed`
+must end because handling it keeps failing (`poller.cycle.poison`), `end_failed`
 writes the ordinary failure, or, if the apiserver refuses that (the status
 itself may hold what it refuses), the smallest patch that still ends it.
 """
@@ -21,7 +21,7 @@ import logging
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from poller import poison
+from poller.cycle import poison
 from poller.decisions.actions import PatchStatus, PostEvent
 from poller.decisions.scheduling import decide_failure
 from poller.decisions.views import JobView

@@ -4,12 +4,12 @@ The service (`poller.service`) calls `Reconciler.run_cycle` on every tick of
 its interval. A cycle reads the settings ConfigMap, lists the LMEvalJobs that
 are not Complete and the live pods the poller manages, reads by name the few
 finished jobs due for a decision, and joins each job to its pod
-(`poller.observe`). Then,
+(`poller.cycle.observe`). Then,
 for each job: the pure `decide.what_to_observe` names what its decision
 needs beyond that (the namespace's UID range, a log window, the results
-file a holding driver keeps); the cycle reads it (`poller.observe`); the
+file a holding driver keeps); the cycle reads it (`poller.cycle.observe`); the
 pure `decide` runs once, on complete observations; and its actions are
-carried out (`poller.act`). A job that needs nothing more is decided at
+carried out (`poller.cycle.act`). A job that needs nothing more is decided at
 once (deciding is pure and cheap) and, when that yields nothing to do, is
 left exactly as listed.
 
@@ -19,18 +19,18 @@ progress only come after every other job's transitions, within a per-cycle
 budget and a per-job rate limit, so that a job whose pod just ended never
 waits behind dozens of them. Jobs are independent: an exception while
 handling one is counted, retried within bounds, and then ends that job
-(`poller.poison`); the cycle goes on with the next.
+(`poller.cycle.poison`); the cycle goes on with the next.
 
 After the cycle, every job decided in it that is Complete goes to the store
-of finished jobs (`poller.retained`) and every other one leaves it; a
+of finished jobs (`poller.cycle.retained`) and every other one leaves it; a
 finished job that had something to read or do is read again next cycle, to
 confirm it is settled. The store gives the metrics their finished jobs and
-the cycle its due TTLs; the sweep (`poller.sweep`, its own cadence, see
+the cycle its due TTLs; the sweep (`poller.cycle.sweep`, its own cadence, see
 `sweep_finished`) keeps it true to the cluster: jobs deleted or changed.
 
 The cluster is the state. Between cycles the poller keeps only the
 settings' last good values, when each running job's progress was last read
-(a rate limiter), each job's view by resourceVersion (`poller.observe`),
+(a rate limiter), each job's view by resourceVersion (`poller.cycle.observe`),
 the count of each job's consecutive failures and the store of finished
 jobs, which a restart rebuilds from the first sweep.
 """
@@ -46,23 +46,24 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from poller import api, poison, timefmt
-from poller.act import Actuator
+from poller import api, timefmt
 from poller.api.settings import CONFIGMAP_NAME, Settings, SettingsTracker
+from poller.cycle import poison
+from poller.cycle.act import Actuator
+from poller.cycle.jobseries import JobSeries
+from poller.cycle.observe import Observed, Observer
+from poller.cycle.podio import PodIO
+from poller.cycle.podproof import PodProof, load_pod_proof
+from poller.cycle.retained import RetainedJobs, record_of
+from poller.cycle.statuswrites import StatusWrites
+from poller.cycle.sweep import FinishedSweep, SweepReport
 from poller.decisions import decide as decisions
 from poller.decisions.actions import Decision, Needs
 from poller.decisions.concurrency import plan_queue
 from poller.decisions.kueueadmission import KueueView
 from poller.decisions.regression import GateView
 from poller.decisions.views import JobView, PodView, QueueSlot
-from poller.identity import PodProof, load_pod_proof
-from poller.jobseries import JobSeries
 from poller.kube.client import Kube
-from poller.observe import Observed, Observer
-from poller.podreads import PodReads
-from poller.retained import RetainedJobs, record_of
-from poller.statuswrites import StatusWrites
-from poller.sweep import FinishedSweep, SweepReport
 
 __all__ = ["ACTION_WORKERS", "CycleReport", "Reconciler"]
 
@@ -78,7 +79,7 @@ class CycleReport:
 
     jobs: int = 0
     pods: int = 0
-    # Reads by name (`poller.observe`): finished jobs, and pods that ended.
+    # Reads by name (`poller.cycle.observe`): finished jobs, and pods that ended.
     jobs_read: int = 0
     pods_read: int = 0
     patches: int = 0
@@ -91,7 +92,7 @@ class CycleReport:
     # Every job as it stands after this cycle (status as written), for the
     # metrics collector: an immutable picture of the last cycle.
     snapshot: list[JobView] = field(default_factory=list)
-    # The finished jobs kept between sweeps (`poller.retained`), as the metrics
+    # The finished jobs kept between sweeps (`poller.cycle.retained`), as the metrics
     # expose them; a job also in `snapshot` (read this cycle) is exposed from there.
     retained: Sequence[JobSeries] = ()
     # The jobs this cycle moved to Complete (their durations are observed once).
@@ -132,7 +133,7 @@ class Reconciler:
         sweep_in_cycle: bool = True,
     ) -> None:
         self.kube = kube
-        self.reads = PodReads(kube)
+        self.reads = PodIO(kube)
         self.writes = StatusWrites(kube)
         # What is kept of finished jobs, and the sweep that keeps it true.
         self.retained = RetainedJobs()
@@ -151,9 +152,9 @@ class Reconciler:
         # When each running job's log was last read for progress (monotonic
         # seconds): a rate limiter only, so losing it on restart is harmless.
         self._progress_read_at: dict[str, float] = {}
-        # Consecutive failures per job (poller.poison): bounded retries, then Failed.
+        # Consecutive failures per job (poller.cycle.poison): bounded retries, then Failed.
         self._failures = poison.FailureLedger()
-        # The key that proves which pods this poller made (poller.identity);
+        # The key that proves which pods this poller made (poller.cycle.podproof);
         # read from its Secret on the first cycle unless injected.
         self._proof = proof
 
@@ -277,7 +278,7 @@ class Reconciler:
         report.retained = self.retained.series()
 
     def sweep_finished(self, *, whole_round: bool = False) -> SweepReport:
-        """One step of the sweep of finished jobs (`poller.sweep`), with the settings
+        """One step of the sweep of finished jobs (`poller.cycle.sweep`), with the settings
         the last cycle read (the settings tracker is the cycle's: the sweep's own
         thread never updates it); `whole_round` goes on until a round ends.
         Raises when a LIST fails."""
@@ -341,7 +342,7 @@ class Reconciler:
         gate: GateView | None = None,
     ) -> JobView:
         """`_handle`, with an error counted for this job; a job that keeps failing,
-        or meets poison, ends Failed (`poller.poison`) instead of staying as it was."""
+        or meets poison, ends Failed (`poller.cycle.poison`) instead of staying as it was."""
         if not self.may_act():  # the lease may be lost while jobs wait for a thread
             report.skipped = True
             return job

@@ -9,9 +9,9 @@ kubelet (``limitBytes``) and enforced again while reading
 only to the decoder (`driver.decoder`), which never raises. What a read
 could not get is said in the view handed to `decide`, never guessed.
 
-`PodReads` makes the reads a decision needs (`LogRequest`, `ExecRequest`,
-for `poller.observe`) and carries out the actions that read or exec in a
-pod (`ArchiveLog`, `ReleaseHold`, for `poller.act`), through `Kube`.
+`PodIO` makes the reads a decision needs (`LogRequest`, `ExecRequest`,
+for `poller.cycle.observe`) and carries out the actions that read or exec in a
+pod (`ArchiveLog`, `ReleaseHold`, for `poller.cycle.act`), through `Kube`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
     "LOG_READ_ARCHIVE_BYTES",
     "LOG_READ_PROGRESS_BYTES",
     "LOG_READ_RESULTS_BYTES",
-    "PodReads",
+    "PodIO",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ ARCHIVE_TAIL_LINES = (5000, 500, 50)
 EXEC_RESULTS_MAX_BYTES = MAX_RESULTS_BYTES
 
 
-class PodReads:
+class PodIO:
     """Reads of job pods, for one cycle's jobs (thread-safe: no state)."""
 
     def __init__(self, kube: Kube) -> None:

@@ -1,7 +1,7 @@
 """Observing: everything a cycle reads before it decides.
 
-A cycle decides for each job once, on complete observations (`poller.reconciler`
-orchestrates; `poller.act` carries decisions out). What is read comes in two
+A cycle decides for each job once, on complete observations (`poller.cycle.reconciler`
+orchestrates; `poller.cycle.act` carries decisions out). What is read comes in two
 parts:
 
 * **the listing**: what can still change, whatever the history. Two paged
@@ -9,7 +9,7 @@ parts:
   selectable) and the managed pods that have not ended (status.phase), each
   page turned into views as it arrives (raw objects never pile up). Then a
   few reads by name (`Kube.find_job`, `Kube.find_pod`), each for a reason:
-  the finished jobs the store of finished jobs (`poller.retained`) says are
+  the finished jobs the store of finished jobs (`poller.cycle.retained`) says are
   due (a TTL expired, a retention step to confirm, a change the sweep saw,
   a gate whose baseline is in this listing), the jobs that left the
   unfinished listing since the last cycle (finished or deleted: a job that
@@ -33,7 +33,7 @@ parts:
 
 Reads that cannot get their data say so in the view (`LogView.unavailable`,
 `ExecView` without text); only transient API errors propagate, so that the
-job is tried again next cycle (`poller.poison`).
+job is tried again next cycle (`poller.cycle.poison`).
 
 Between cycles the observer keeps each listed job's and pod's view keyed by
 the resourceVersion it was built from: a view is a pure function of the
@@ -52,6 +52,8 @@ from typing import Any
 
 from poller import api
 from poller.api.settings import Settings
+from poller.cycle.podio import PodIO
+from poller.cycle.retained import JobKey, RetainedJobs
 from poller.decisions import kueueadmission, outcome
 from poller.decisions.actions import LogRequest, Needs
 from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
@@ -60,9 +62,7 @@ from poller.decisions.regression import GateView, ItemsRead, baseline_name
 from poller.decisions.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
 from poller.jobpod import podspec
 from poller.kube.client import ApiError, Kube, NotFound
-from poller.podreads import PodReads
 from poller.results import lmeval
-from poller.retained import JobKey, RetainedJobs
 
 __all__ = [
     "FINISHED_READS_PER_CYCLE",
@@ -176,7 +176,7 @@ class Observer:
     def __init__(
         self,
         kube: Kube,
-        reads: PodReads,
+        reads: PodIO,
         namespaces: Sequence[str] = (),
         retained: RetainedJobs | None = None,
     ) -> None:
@@ -197,7 +197,7 @@ class Observer:
         """List what can change (page by page) into views, read the few jobs and
         pods named for a reason (see the module docstring); each job's pod by job UID.
 
-        `attempt_of` checks a pod's proof of origin (`poller.identity`); `now`
+        `attempt_of` checks a pod's proof of origin (`poller.cycle.podproof`); `now`
         (epoch seconds) says which finished jobs' TTLs expired. Raises only
         when a LIST or a read by name fails.
         """
