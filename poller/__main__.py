@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from poller import buildinfo, heap
+from poller import buildinfo, malloc
 from poller.api.settings import SettingsTracker, install_defaults
 from poller.cycle.reconciler import Reconciler
 from poller.kube.client import Kube
@@ -129,7 +129,7 @@ SWITCH_INTERVAL = 0.001
 def main(argv: Sequence[str] | None = None) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL)
     # Before any thread allocates: the arenas are fixed when threads first use them.
-    tuned = heap.tune_malloc()
+    tuned = malloc.tune_malloc()
     args = parse_args(argv)
     _setup_logging(args.log_level, args.json_logs)
     logging.getLogger("poller").debug("malloc settings: %s", tuned or "as they were")

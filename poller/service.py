@@ -23,7 +23,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from poller import timefmt
 from poller.cycle.reconciler import CycleReport, Reconciler
-from poller.heap import release_freed_memory
+from poller.malloc import release_freed_memory
 
 __all__ = ["JOB_ID", "SWEEP_ID", "PollingService"]
 

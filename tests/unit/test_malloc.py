@@ -1,4 +1,4 @@
-"""`poller.heap`: the service's malloc settings (one arena, a fixed mapping threshold).
+"""`poller.malloc`: the service's malloc settings (one arena, a fixed mapping threshold).
 
 Checks: on glibc (this machine, the images) `tune_malloc` sets both through
 mallopt and says so; a setting the environment already makes is left to it
@@ -16,11 +16,11 @@ import sys
 
 import pytest
 
-from poller import heap
+from poller import malloc
 
 PROGRAM = (
-    "import json; from poller import heap; "
-    "print(json.dumps(heap.tune_malloc())); heap.release_freed_memory()"
+    "import json; from poller import malloc; "
+    "print(json.dumps(malloc.tune_malloc())); malloc.release_freed_memory()"
 )
 
 
@@ -38,15 +38,15 @@ def _tuned(**environ: str) -> dict[str, int]:
     return result
 
 
-@pytest.mark.skipif(heap._libc() is None, reason="not glibc")
+@pytest.mark.skipif(malloc._libc() is None, reason="not glibc")
 def test_one_arena_and_a_fixed_mapping_threshold_on_glibc() -> None:
     assert _tuned() == {
-        "MALLOC_ARENA_MAX": heap.ARENAS,
-        "MALLOC_MMAP_THRESHOLD_": heap.MMAP_THRESHOLD,
+        "MALLOC_ARENA_MAX": malloc.ARENAS,
+        "MALLOC_MMAP_THRESHOLD_": malloc.MMAP_THRESHOLD,
     }
 
 
-@pytest.mark.skipif(heap._libc() is None, reason="not glibc")
+@pytest.mark.skipif(malloc._libc() is None, reason="not glibc")
 def test_the_environment_wins() -> None:
-    assert _tuned(MALLOC_ARENA_MAX="4") == {"MALLOC_MMAP_THRESHOLD_": heap.MMAP_THRESHOLD}
+    assert _tuned(MALLOC_ARENA_MAX="4") == {"MALLOC_MMAP_THRESHOLD_": malloc.MMAP_THRESHOLD}
     assert _tuned(MALLOC_ARENA_MAX="4", MALLOC_MMAP_THRESHOLD_="65536") == {}
