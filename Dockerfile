@@ -17,12 +17,12 @@
 # paths only through the variables declared here (the test maps them).
 #
 # The base images are build arguments. The defaults are Docker Hub's; the
-# sandbox (`python -m poller.sandbox images`, poller/sandbox/images.py) builds
+# sandbox (`python -m lmeval_sandbox images`, deploy/sandbox/lmeval_sandbox/images.py) builds
 # both from Debian's packages instead and passes them here, so any base works
 # that has `python` (3.11) with its venv module on PATH, or busybox's `cp`.
 #
 # What each image says about itself is a build argument too: VERSION (the
-# distributions' version, `python -m poller.sandbox.version`), REVISION (the
+# distributions' version, `python -m lmeval_sandbox.version`), REVISION (the
 # source commit), CREATED (RFC 3339) and SOURCE (the repository) become its
 # OCI labels (org.opencontainers.image.*), and REVISION also the poller's and
 # the job image's LMEVAL_REVISION (`lmeval-poller --version`, the metric

@@ -76,5 +76,5 @@ def _version() -> str:
 
 
 # The version is the distributions' (driver/pyproject.toml), set for all of
-# them by `python -m poller.sandbox.version set X.Y.Z`.
+# them by `python -m lmeval_sandbox.version set X.Y.Z`.
 __version__ = _version()

@@ -25,8 +25,10 @@ both ends:
 It is the whole contract: besides the framing and limits, it holds (by
 re-export) the typed payload of every marker (`driver.payloads`) and the
 driver's exit codes, command line and environment (`driver.contract`, which
-the driver needs before its child starts). The poller imports the driver's
-side of the contract from here only. The reader is `driver.decoder`. All are
+the driver needs before its child starts), the per-item scores' format
+(`driver.itemscores`) and the redaction of what a log may echo
+(`driver.argv`). The poller imports the driver from here and from the reader,
+`driver.decoder`, only: an import contract in pyproject.toml holds it to that. All are
 standard-library only; the driver imports this module lazily (after the
 child has started, since ``dataclasses`` costs ~10 ms to import) and the
 poller imports both.
@@ -43,6 +45,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
+from driver.argv import redact_argv, redact_json, redact_text
 from driver.boundedjson import JsonLimits, UntrustedJsonError, parse_untrusted_json
 from driver.contract import (
     CMD_DECODE,
@@ -83,6 +86,15 @@ from driver.contract import (
     release_argv,
     run_argv,
 )
+from driver.itemscores import (
+    BINARY,
+    FIXED_SCALE,
+    ITEM_SCORES_LIMITS,
+    MAX_TASKS,
+    ItemScores,
+    TaskItems,
+    decode_item_scores,
+)
 from driver.payloads import (
     FinalDetails,
     FinalFields,
@@ -96,6 +108,7 @@ from driver.payloads import (
 )
 
 __all__ = [
+    "BINARY",
     "CMD_DECODE",
     "CMD_FETCH_S3",
     "CMD_RELEASE",
@@ -119,8 +132,10 @@ __all__ = [
     "EXIT_NO_RESULTS",
     "EXIT_OK",
     "FINAL_EVENTS",
+    "FIXED_SCALE",
     "ITEMS_LIMITS",
     "ITEMS_RATIO_FLOOR",
+    "ITEM_SCORES_LIMITS",
     "KNOWN_EVENTS",
     "MARKER_JSON_LIMITS",
     "MARKER_PREFIX",
@@ -145,6 +160,7 @@ __all__ = [
     "MAX_RESULTS_JSON_DEPTH",
     "MAX_RESULTS_JSON_ELEMENTS",
     "MAX_RESULTS_MARKER_CHARS",
+    "MAX_TASKS",
     "OPT_GRACE_PERIOD",
     "OPT_HOLD_SECONDS",
     "OPT_HUB_DATASETS",
@@ -166,12 +182,15 @@ __all__ = [
     "FinalDetails",
     "FinalEvent",
     "FinalFields",
+    "ItemScores",
     "ItemsChunkFields",
     "ProgressFields",
     "ResultsChunkFields",
     "StartedFields",
+    "TaskItems",
     "TaskSourceFields",
     "bounded_argv",
+    "decode_item_scores",
     "driver_command",
     "encode_chunks",
     "encode_final",
@@ -187,6 +206,9 @@ __all__ = [
     "parse_results_json",
     "read_complete_fields",
     "read_fields",
+    "redact_argv",
+    "redact_json",
+    "redact_text",
     "release_argv",
     "results_log_problem",
     "run_argv",

@@ -2,7 +2,7 @@
 
 Why this module exists: the version is written once, in the distributions'
 metadata (the four pyproject.toml files, kept equal by
-``python -m poller.sandbox.version``), and every place that shows it
+``python -m lmeval_sandbox.version``), and every place that shows it
 (``lmeval-poller --version``, the metric ``lmeval_build_info``, ``lmeval
 version``) reads it from there instead of repeating a literal that drifts.
 

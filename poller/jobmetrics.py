@@ -328,6 +328,6 @@ def family_labels() -> dict[str, tuple[str, ...]]:
 
     prometheus_client's families carry no label names until they hold
     samples: this says them without a cluster, for the generated metrics
-    reference (`poller.sandbox.docs`).
+    reference (`lmeval_sandbox.docs`).
     """
     return {"lmeval_jobs": _COUNT_LABELS, **{family.name: family.labels for family in FAMILIES}}

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import api_client
+from lmeval_sandbox.kueue import KueueServer
 
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client
-from poller.sandbox.kueue import KueueServer
 from tests.waiting import wait_for
 
 # Poller fixtures (CRD and RBAC installed, the poller's ServiceAccount, jobs,

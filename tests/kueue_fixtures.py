@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from lmeval_sandbox import kwok
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.kueue import KueueServer
 
 from poller import api
 from poller.decisions import kueueadmission
-from poller.sandbox import kwok
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.kueue import KueueServer
 from tests.poller_fixtures import Jobs, job_body
 from tests.waiting import wait_for
 

@@ -31,8 +31,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
+from lmeval_sandbox.components import free_port
 
-from poller.sandbox.components import free_port
 from tests.waiting import wait_for
 
 REGISTRY = "/usr/bin/docker-registry"

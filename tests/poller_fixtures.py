@@ -21,6 +21,10 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from lmeval_sandbox import kwok
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.crd import CRD_PATH
+from lmeval_sandbox.identities import service_account_kubeconfig
 
 from driver.protocol import encode_marker, encode_results
 from poller import api
@@ -28,10 +32,6 @@ from poller.api.settings import CONFIGMAP_NAME
 from poller.cycle.reconciler import CycleReport, Reconciler
 from poller.kube.client import Kube
 from poller.kube.transport import ApiTransport
-from poller.sandbox import kwok
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.crd import CRD_PATH
-from poller.sandbox.identities import service_account_kubeconfig
 from tests.driver.conftest import child_env, plain_rows, write_tasks
 from tests.waiting import wait_for
 

@@ -11,10 +11,10 @@ cd "$(dirname "$0")/.."
 source deploy/sandbox/setup.sh tests
 
 echo "== Prometheus (for the metrics tests)"
-python -m poller.sandbox.prometheus
+python -m lmeval_sandbox.prometheus
 
 echo "== versitygw, a real S3 server (for the offline-storage tests)"
-python -m poller.sandbox.s3server
+python -m lmeval_sandbox.s3server
 
 echo "== ruff, mypy and the import contracts"
 ruff check .

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs, from Debian's packages, what the real node (poller/sandbox/realnode.py)
-# and the image builds (poller/sandbox/images.py) run but the project does not
+# Installs, from Debian's packages, what the real node (deploy/sandbox/lmeval_sandbox/realnode.py)
+# and the image builds (deploy/sandbox/lmeval_sandbox/images.py) run but the project does not
 # build: containerd and runc, the CNI plugins, a registry server, image tools
 # (and the compiler images.py builds the driver's static binary with), iptables
 # for kube-proxy, and the shells whose completion scripts the CLI tests load

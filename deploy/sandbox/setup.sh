@@ -5,7 +5,7 @@
 # project's own files, then puts this clone's environment on PATH.
 #
 #   source deploy/sandbox/setup.sh tests     everything the test suite runs (the default)
-#   source deploy/sandbox/setup.sh sandbox   what `python -m poller.sandbox run` runs: the
+#   source deploy/sandbox/setup.sh sandbox   what `python -m lmeval_sandbox run` runs: the
 #                                            Python environment, the control-plane and
 #                                            node binaries (`run --node real` builds its
 #                                            images and installs the node's Debian
@@ -275,13 +275,13 @@ export LMEVAL_VENV=$layer
 
 # -- Go-built binaries --------------------------------------------------------------
 
-if python -c 'import sys; from poller.sandbox import build; sys.exit(not build.needs_build())'; then
+if python -c 'import sys; from lmeval_sandbox import build; sys.exit(not build.needs_build())'; then
     detail=built
     echo "… control-plane and node binaries: building from their Go modules (about 8 minutes)"
 else
     detail=cached
 fi
-_setup_step "control-plane and node binaries" "$detail" python -m poller.sandbox build \
+_setup_step "control-plane and node binaries" "$detail" python -m lmeval_sandbox build \
     || { return 1 2>/dev/null || exit 1; }
 
 if [ "$_setup_profile" = tests ]; then
@@ -289,9 +289,9 @@ if [ "$_setup_profile" = tests ]; then
     # says why), built like the current one into bin-floor-<hash>; tests/cluster/
     # test_floor_plane.py runs the project on it. LMEVAL_SANDBOX_FLOOR_BIN points at
     # ready binaries instead.
-    floor=$(python -c 'from poller.sandbox import build; print(build.kubernetes_version("floor"))') \
+    floor=$(python -c 'from lmeval_sandbox import build; print(build.kubernetes_version("floor"))') \
         || { return 1 2>/dev/null || exit 1; }
-    if python -c 'import sys; from poller.sandbox import build; sys.exit(not build.needs_build("floor"))'; then
+    if python -c 'import sys; from lmeval_sandbox import build; sys.exit(not build.needs_build("floor"))'; then
         detail=built
         echo "… control plane, oldest supported Kubernetes ($floor): building from its Go module (about 8 minutes)"
     else
@@ -299,32 +299,32 @@ if [ "$_setup_profile" = tests ]; then
     fi
     floor_minor=${floor#v}
     _setup_step "control plane, oldest supported Kubernetes (${floor_minor%.*})" "$detail" \
-        python -m poller.sandbox.build floor || { return 1 2>/dev/null || exit 1; }
+        python -m lmeval_sandbox.build floor || { return 1 2>/dev/null || exit 1; }
     unset floor floor_minor
 
-    if python -c 'import sys; from poller.sandbox import kueue; sys.exit(not kueue.needs_build())'; then
+    if python -c 'import sys; from lmeval_sandbox import kueue; sys.exit(not kueue.needs_build())'; then
         detail=built
         echo "… Kueue: building from its Go module (about 7 minutes)"
     else
         detail=cached
     fi
-    _setup_step "Kueue" "$detail" python -m poller.sandbox.kueue || { return 1 2>/dev/null || exit 1; }
+    _setup_step "Kueue" "$detail" python -m lmeval_sandbox.kueue || { return 1 2>/dev/null || exit 1; }
 
-    if python -c 'import sys; from poller.sandbox import helm; sys.exit(not helm.needs_build())'; then
+    if python -c 'import sys; from lmeval_sandbox import helm; sys.exit(not helm.needs_build())'; then
         detail=built
         echo "… Helm: building from its Go module (about 4 minutes)"
     else
         detail=cached
     fi
-    _setup_step "Helm" "$detail" python -m poller.sandbox.helm || { return 1 2>/dev/null || exit 1; }
+    _setup_step "Helm" "$detail" python -m lmeval_sandbox.helm || { return 1 2>/dev/null || exit 1; }
 
-    if python -c 'import sys; from poller.sandbox import krew; sys.exit(not krew.needs_build())'; then
+    if python -c 'import sys; from lmeval_sandbox import krew; sys.exit(not krew.needs_build())'; then
         detail=built
         echo "… krew: building from its Go module (about 2 minutes)"
     else
         detail=cached
     fi
-    _setup_step "krew" "$detail" python -m poller.sandbox.krew || { return 1 2>/dev/null || exit 1; }
+    _setup_step "krew" "$detail" python -m lmeval_sandbox.krew || { return 1 2>/dev/null || exit 1; }
 
     if [ "$(id -u)" -eq 0 ]; then
         _setup_step "real node's Debian packages" "" bash deploy/sandbox/node-packages.sh \

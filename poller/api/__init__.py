@@ -3,7 +3,7 @@
 Rule: pure. Nothing here does I/O or imports another layer of the operator;
 every other layer (and the CLI, through ``poller.cliapi``) reads the API as
 ``api.X``, the names this package re-exports below. The CRD in ``crds/`` is
-generated from these models (``python -m poller.sandbox.crd``).
+generated from these models (``python -m lmeval_sandbox.crd``).
 
 * ``lmevaljob``: ``LMEvalJobSpec``, the spec as a whole, and its cross-field rules;
 * ``base``: the patterns every string is held to, the base model, Secret references;

@@ -1,7 +1,7 @@
 """The LMEvalJob API: spec and status as pydantic models.
 
 These models are the single source of truth for the resource's shape. The
-CRD in ``crds/`` is generated from them (``python -m poller.sandbox.crd``), so the
+CRD in ``crds/`` is generated from them (``python -m lmeval_sandbox.crd``), so the
 field descriptions here are what ``kubectl explain lmevaljob.spec`` shows,
 and every pattern here is enforced twice: by the apiserver when a user
 applies a job, and by pydantic when the poller reads it (a job that slipped

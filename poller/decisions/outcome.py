@@ -24,7 +24,7 @@ from typing import Any
 
 from driver import protocol
 from driver.decoder import DecodedLog, Outcome
-from driver.itemscores import ItemScores
+from driver.protocol import ItemScores
 from poller import api
 from poller.api.settings import Settings
 from poller.decisions.actions import (

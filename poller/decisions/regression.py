@@ -44,8 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from driver.itemscores import ITEM_SCORES_LIMITS, TaskItems, decode_item_scores
-from driver.protocol import parse_results_json
+from driver.protocol import ITEM_SCORES_LIMITS, TaskItems, decode_item_scores, parse_results_json
 from poller import api
 from poller.decisions.draft import StatusDraft
 from poller.decisions.views import JobView

@@ -10,8 +10,8 @@ therefore catches them too; where one is handled differently its clause
 comes first. Whether the same
 request may succeed later is one property, `ApiError.transient`, which the
 operator (`poller.cycle.act`, `poller.cycle.podio`, `poller.cycle.poison`), the CLI
-(`poller.cli.errors.ApiError`, which adds what was asked) and the sandbox
-(`poller.sandbox.podsetup.ApiError`) all inherit.
+(`lmeval_cli.errors.ApiError`, which adds what was asked) and the sandbox
+(`lmeval_sandbox.podsetup.ApiError`) all inherit.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver.decoder import DecodedLog
-from driver.itemscores import ItemScores, decode_item_scores
+from driver.protocol import ItemScores, decode_item_scores
 from poller import api
 from poller.results import lmeval
 

@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass
 from sys import intern
 from typing import Any
 
-from driver.argv import redact_json
-from driver.protocol import MAX_RESULTS_BYTES, parse_results_json
+from driver.protocol import MAX_RESULTS_BYTES, parse_results_json, redact_json
 from poller import api
 
 __all__ = [

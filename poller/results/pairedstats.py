@@ -53,7 +53,7 @@ from random import Random
 from statistics import NormalDist
 from typing import Any
 
-from driver.itemscores import BINARY, FIXED_SCALE, TaskItems
+from driver.protocol import BINARY, FIXED_SCALE, TaskItems
 
 __all__ = [
     "BOOTSTRAP",

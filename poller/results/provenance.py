@@ -26,10 +26,15 @@ from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
 
-from driver.argv import redact_argv, redact_text
 from driver.decoder import Outcome
-from driver.itemscores import MAX_TASKS, ItemScores
-from driver.protocol import StartedFields, read_fields
+from driver.protocol import (
+    MAX_TASKS,
+    ItemScores,
+    StartedFields,
+    read_fields,
+    redact_argv,
+    redact_text,
+)
 from poller import api
 
 __all__ = [

@@ -91,6 +91,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # it starts) at another checkout of `poller`, e.g. to measure "before" figures.
 sys.path.append(str(REPO_ROOT))
 
+from lmeval_sandbox import kwok  # noqa: E402
+from lmeval_sandbox.components import free_port  # noqa: E402
+from lmeval_sandbox.controlplane import ControlPlane  # noqa: E402
+from lmeval_sandbox.crd import CRD_PATH  # noqa: E402
+from lmeval_sandbox.identities import service_account_kubeconfig  # noqa: E402
+from lmeval_sandbox.kueue import KueueServer  # noqa: E402
+
 from driver import protocol  # noqa: E402
 from poller import api  # noqa: E402
 from poller.api.settings import CONFIGMAP_NAME, Settings  # noqa: E402
@@ -100,12 +107,6 @@ from poller.decisions import kueueadmission  # noqa: E402
 from poller.jobpod import podspec  # noqa: E402
 from poller.kube.client import PAGE_SIZE, Kube  # noqa: E402
 from poller.kube.transport import ApiTransport  # noqa: E402
-from poller.sandbox import kwok  # noqa: E402
-from poller.sandbox.components import free_port  # noqa: E402
-from poller.sandbox.controlplane import ControlPlane  # noqa: E402
-from poller.sandbox.crd import CRD_PATH  # noqa: E402
-from poller.sandbox.identities import service_account_kubeconfig  # noqa: E402
-from poller.sandbox.kueue import KueueServer  # noqa: E402
 
 POLLER_NS = "lmeval-system"
 POLLER_SA = "lmeval-poller"

@@ -80,10 +80,10 @@ from bench_cycle import (
 )
 from guarded_service import GUARD_MIB, SAMPLE_EVERY, Guarded, cycle_figures, logged_errors
 from hostile_logs import HOSTILE, MAX_DISK_BYTES, Hostile, last_line, write_logs
+from lmeval_sandbox import kwok
 
 from poller import api
 from poller.jobpod import podspec
-from poller.sandbox import kwok
 
 # Completed cycles to wait for after the last termination: with 150 running
 # jobs and 50 progress reads a cycle, every running job's log is read by then.

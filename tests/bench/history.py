@@ -106,10 +106,10 @@ from bench_cycle import (
     log,
     write_json,
 )
+from lmeval_sandbox.components import free_port
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller.cycle.observe import HOT_PAGE_SIZE, MANAGED_SELECTOR
-from poller.sandbox.components import free_port
-from poller.sandbox.controlplane import ControlPlane
 
 ACTIVE_JOBS = "status.state!=Complete"
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmeval_sandbox import kwok
+
 from driver import protocol
-from poller.sandbox import kwok
 from tests.hostile_logs import results_markers
 
 # Today's widest tail window (poller.decisions.outcome.MAX_TAIL_LINES, 400 x 4 x 4 x 4):

@@ -1,6 +1,6 @@
 """Fixtures for the ``lmeval`` command-line tests on the real control plane.
 
-The CLI always runs as a separate process (``python -m poller.cli``), with
+The CLI always runs as a separate process (``python -m lmeval_cli``), with
 its output in a pipe, exactly as a script or CI would run it; its kubeconfig
 is the admin's or a limited user's. Jobs are moved through their states by
 the in-process poller (acting as its ServiceAccount) and kwok: a test
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller.cycle.reconciler import Reconciler
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def cli_env() -> dict[str, str]:
 
 @dataclass
 class Cli:
-    """Runs `python -m poller.cli` against the test cluster and namespace."""
+    """Runs `python -m lmeval_cli` against the test cluster and namespace."""
 
     kubeconfig: Path
     namespace: str
@@ -47,7 +47,7 @@ class Cli:
         return [
             sys.executable,
             "-m",
-            "poller.cli",
+            "lmeval_cli",
             f"--kubeconfig={kubeconfig or self.kubeconfig}",
             "-n",
             self.namespace,

@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+from lmeval_cli.client import JOBS_PREFIX, Cluster
+from lmeval_cli.errors import API_NOT_FOUND, ApiError, ExitCode, explain
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import user_kubeconfig
 
 from poller import api
-from poller.cli.client import JOBS_PREFIX, Cluster
-from poller.cli.errors import API_NOT_FOUND, ApiError, ExitCode, explain
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import user_kubeconfig
 from tests.cli.conftest import REPO, Cli, cli_env
 from tests.poller_fixtures import Jobs
 
@@ -170,7 +170,7 @@ def test_kubeconfig_context_and_namespace_like_kubectl(
     }
     # No --kubeconfig, no -n: both come from $KUBECONFIG and its context.
     listed = subprocess.run(
-        [sys.executable, "-m", "poller.cli", "list"],
+        [sys.executable, "-m", "lmeval_cli", "list"],
         capture_output=True,
         text=True,
         env=env,

@@ -90,7 +90,7 @@ def _names(jobs: Jobs) -> list[str]:
 
 def test_bare_lmeval_prints_help_and_exits_0() -> None:
     bare = subprocess.run(
-        [sys.executable, "-m", "poller.cli"],
+        [sys.executable, "-m", "lmeval_cli"],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -110,7 +110,7 @@ def on_path(tmp_path: Path) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "lmeval"
-    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m poller.cli "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m lmeval_cli "$@"\n')
     script.chmod(0o755)
     return {**cli_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 

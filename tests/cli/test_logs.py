@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import kwok
 
 from driver.protocol import MARKER_PREFIX, encode_marker
 from poller.cycle.reconciler import Reconciler
-from poller.sandbox import kwok
 from tests.cli.conftest import BackgroundPoller, Cli, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 from tests.waiting import wait_for

@@ -43,15 +43,15 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_cli.errors import ExitCode
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import api_client, user_kubeconfig
 
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
 from poller import api
-from poller.cli.errors import ExitCode
 from poller.jobpod import podspec
 from poller.kube.client import Kube
 from poller.results import lmeval
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client, user_kubeconfig
 from tests.cli.conftest import REPO, Cli
 from tests.poller_fixtures import Jobs, serve_log
 from tests.waiting import wait_for

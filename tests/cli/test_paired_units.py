@@ -20,8 +20,9 @@ import base64
 import datetime as dt
 import gzip
 
+from lmeval_cli import facts, paired, render
+
 from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_scores, metric_items
-from poller.cli import facts, paired, render
 from poller.results import pairedstats
 from poller.results.lmeval import ITEMS_KEY
 

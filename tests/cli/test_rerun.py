@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_cli.rerun import RERUN_OF, RERUN_OF_UID
 
 from poller import api
-from poller.cli.rerun import RERUN_OF, RERUN_OF_UID
 from poller.cycle.reconciler import Reconciler
 from tests.cli.conftest import Cli, finish, pod_when
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until

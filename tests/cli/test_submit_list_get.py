@@ -10,7 +10,7 @@ nothing; bad values are refused locally, naming the spec field and the flag
 headline score, across namespaces with ``-A``, filtered by ``-l``, and as
 wide, JSON and YAML; ``get`` shows the spec summary, the conditions, the
 job's events and its results table. Every check reads stdout, stderr and the
-exit code of a real ``python -m poller.cli`` process.
+exit code of a real ``python -m lmeval_cli`` process.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_cli.client import controller_text, owned_object, results_configmap_of
+from lmeval_cli.errors import USER_ROLES, ApiError, CliError, ExitCode, explain, role_for
 
 from poller import api
-from poller.cli.client import controller_text, owned_object, results_configmap_of
-from poller.cli.errors import USER_ROLES, ApiError, CliError, ExitCode, explain, role_for
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_UID = "5f0c-job"

@@ -19,11 +19,11 @@ import datetime as dt
 import json
 
 import pytest
+from lmeval_cli import facts, follow, submit
+from lmeval_cli.client import split_ref
+from lmeval_cli.errors import ApiError, CliError, ExitCode, explain, suggest
 
 from poller import api
-from poller.cli import facts, follow, submit
-from poller.cli.client import split_ref
-from poller.cli.errors import ApiError, CliError, ExitCode, explain, suggest
 
 
 def _stamped(stamp: str, *lines: str) -> str:
@@ -242,7 +242,7 @@ def test_gate_flags() -> None:
 
 
 def test_get_shows_the_commits_of_git_task_sources() -> None:
-    from poller.cli import render
+    from lmeval_cli import render
 
     sha = "3039f5ab07bd1865078460dbf92219adbcd1c2b3"
     job = {

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import user_kubeconfig
 
 from poller import buildinfo
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import user_kubeconfig
 from tests.cli.conftest import REPO, Cli, cli_env
 
 pytestmark = pytest.mark.cluster

@@ -18,10 +18,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
+from lmeval_sandbox import build, kwok
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import api_client, service_account_kubeconfig, user_kubeconfig
 
-from poller.sandbox import build, kwok
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client, service_account_kubeconfig, user_kubeconfig
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

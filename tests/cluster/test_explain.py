@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.crd import CRD_PATH
 
 from poller import api
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.crd import CRD_PATH
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller import api, timefmt
 from poller.cycle.observe import HOT_PAGE_SIZE
 from poller.cycle.reconciler import CycleReport, Reconciler
 from poller.kube.client import PAGE_SIZE, Kube
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import POLLER_NS, CapturedRun, Jobs, cycle_until, serve_log, terminate
 from tests.waiting import wait_for
 

@@ -35,16 +35,16 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_sandbox import build, images
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import service_account_kubeconfig, user_kubeconfig
+from lmeval_sandbox.nodeconfig import NODE_NAME
+from lmeval_sandbox.realnode import NodeImage, RealNode
 
 from poller import api
 from poller.cycle.observe import HOT_JOBS
 from poller.kube.client import Kube
 from poller.kube.transport import ApiTransport
-from poller.sandbox import build, images
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import service_account_kubeconfig, user_kubeconfig
-from poller.sandbox.nodeconfig import NODE_NAME
-from poller.sandbox.realnode import NodeImage, RealNode
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

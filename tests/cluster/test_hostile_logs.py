@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import kwok
 
 from driver.protocol import encode_marker, encode_results
 from poller import api
 from poller.cycle.reconciler import Reconciler
-from poller.sandbox import kwok
 from tests import hostile_logs
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings, terminate
 from tests.waiting import wait_for

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import kwok
 
 from driver.itemscores import (
     ItemScores,
@@ -39,7 +40,6 @@ from driver.protocol import encode_items, encode_marker, encode_results
 from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.results import lmeval
-from poller.sandbox import kwok
 from tests.cluster.test_hostile_logs import _terminated, finish_within, running_pod, serve
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings, terminate
 from tests.waiting import wait_for

@@ -9,10 +9,10 @@ started Kueue yet (the Kueue tests come later in a full run).
 from __future__ import annotations
 
 import pytest
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller.cycle.reconciler import Reconciler
 from poller.decisions.kueueadmission import QUEUE_LABEL
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import Jobs, cycle_until, job_body
 
 pytestmark = pytest.mark.cluster

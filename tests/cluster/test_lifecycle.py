@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import kwok
+from lmeval_sandbox.controlplane import ControlPlane
 
 from driver.protocol import encode_marker
 from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.kube.client import Kube, LogTail
 from poller.results.lmeval import LOG_ARCHIVE_KEY
-from poller.sandbox import kwok
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import (
     BASE_SETTINGS,
     JOB_SA_MANIFEST,

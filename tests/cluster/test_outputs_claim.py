@@ -36,13 +36,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline, podspec
 from poller.kube.client import Kube
 from poller.results import lmeval
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import POLLER_USER, Jobs, cycle_until
 from tests.waiting import wait_for
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller.cycle.podproof import KEY_FIELD, KEY_SECRET
 from poller.cycle.reconciler import Reconciler
@@ -46,7 +47,6 @@ from poller.decisions.views import PROOF_ANNOTATION
 from poller.jobpod import podspec
 from poller.kube.client import Kube
 from poller.results import lmeval
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import (
     POLLER_NS,
     CapturedRun,

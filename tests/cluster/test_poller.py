@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import api_client, service_account_kubeconfig
 
 from poller import api
 from poller.cycle.reconciler import CycleReport, Reconciler
 from poller.jobpod import podspec
 from poller.kube.client import Kube
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client, service_account_kubeconfig
 from poller.service import PollingService
 from tests.poller_fixtures import (
     BASE_SETTINGS,

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import service_account_kubeconfig
 
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import service_account_kubeconfig
 from tests.poller_fixtures import (
     BASE_SETTINGS,
     POLLER_NS,

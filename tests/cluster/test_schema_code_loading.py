@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller import api
 from poller.api import rules
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import job_body
 from tests.unit.test_code_loading_rules import ADMITTED
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller import api
-from poller.sandbox.controlplane import ControlPlane
 from tests.poller_fixtures import job_body
 
 pytestmark = pytest.mark.cluster

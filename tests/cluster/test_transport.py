@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import kwok
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import service_account_kubeconfig
 
 from poller.kube.client import ApiError, Kube, NotFound
 from poller.kube.transport import ApiTransport
-from poller.sandbox import kwok
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import service_account_kubeconfig
 from tests.cluster.test_controlplane import _main_state, _pod
 from tests.waiting import wait_for
 

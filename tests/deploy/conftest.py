@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from poller.sandbox import build
+from lmeval_sandbox import build
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

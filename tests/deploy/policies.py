@@ -20,9 +20,9 @@ from typing import Any
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import api_client
 
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client
 from tests.deploy.conftest import yaml_file
 from tests.waiting import wait_for
 

@@ -61,10 +61,10 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import api_client, user_kubeconfig
 
 from poller import api
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client, user_kubeconfig
 from tests.deploy.conftest import DEPLOY, yaml_file
 from tests.waiting import wait_for
 

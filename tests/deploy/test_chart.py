@@ -2,7 +2,7 @@
 
 Checks, with a real Helm (built from its Go module) and the sandbox's
 kubectl, no cluster: the committed chart is what ``python -m
-poller.sandbox.chart`` generates from ``deploy/`` and ``--check`` notices an
+lmeval_sandbox.chart`` generates from ``deploy/`` and ``--check`` notices an
 altered copy; ``helm lint --strict`` is clean; the built Helm reports its
 pinned version. One source of truth: ``helm template`` renders, object for
 object, what kustomize renders (only Helm's labels and the keep policy
@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_sandbox import chart, helm
 
 from poller.api.settings import CONFIGMAP_NAME, Settings
-from poller.sandbox import chart, helm
 from tests.deploy.conftest import DEPLOY, OVERLAYS, POLLER_NS, REPO, Manifest, documents, kustomize
 
 CHART = chart.CHART_DIR
@@ -150,7 +150,7 @@ def _env(container: Manifest, name: str) -> Any:
 
 
 def test_committed_chart_is_what_deploy_gives() -> None:
-    assert chart.check_chart() == [], "run `python -m poller.sandbox.chart`"
+    assert chart.check_chart() == [], "run `python -m lmeval_sandbox.chart`"
     assert chart.main(["--check"]) == 0
 
 
@@ -165,7 +165,7 @@ def test_check_notices_an_altered_copy(tmp_path: Path, capsys: pytest.CaptureFix
     message = capsys.readouterr().err
     assert "out of date" in message
     assert "values.yaml" in message and "templates/extra.yaml" in message
-    assert "python -m poller.sandbox.chart" in message
+    assert "python -m lmeval_sandbox.chart" in message
 
 
 def test_chart_metadata() -> None:

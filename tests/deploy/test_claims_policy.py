@@ -41,12 +41,12 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import service_account_kubeconfig, user_kubeconfig
 
 from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import service_account_kubeconfig, user_kubeconfig
 from tests.deploy import policies
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.policies import Result, apply_policy, bound_to, type_check_status

@@ -38,11 +38,11 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.deployed import apply_job_namespace
+from lmeval_sandbox.identities import user_kubeconfig
 
 from poller import api
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.deployed import apply_job_namespace
-from poller.sandbox.identities import user_kubeconfig
 from tests import docs
 from tests.deploy.conftest import DEPLOY, documents
 from tests.deploy.policies import apply_policy, bound_to

@@ -62,12 +62,12 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from lmeval_sandbox import images
+from lmeval_sandbox.version import current as current_version
 from packaging.requirements import Requirement
 
 from poller.api.settings import Settings
 from poller.jobpod import podspec
-from poller.sandbox import images
-from poller.sandbox.version import current as current_version
 from tests.deploy.conftest import DEPLOY, REPO, find, yaml_file
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -389,7 +389,7 @@ def test_python_version_is_the_tested_one() -> None:
     assert [s.name for s in stages] == ["python-base", "build", "driver", "job", "poller"]
     assert stages[-1].name == "poller", "the default target (the last stage) is the operator"
     # The bases are build arguments, which the sandbox's image build fills in
-    # with its own (poller/sandbox/images.py), the same Python release.
+    # with its own (deploy/sandbox/lmeval_sandbox/images.py), the same Python release.
     assert stages[0].base == global_args["PYTHON_BASE"]
     assert next(s for s in stages if s.name == "driver").base == global_args["BUSYBOX_BASE"]
     assert set(images.BUILD_ARGS) == {"PYTHON_BASE", "BUSYBOX_BASE"} <= set(global_args)
@@ -470,11 +470,11 @@ def test_build_stage_makes_the_operators_and_the_drivers_wheels(builder: Builder
         if "build/" not in p.relative_to(image.path("/src")).as_posix()
     }
     assert context and all(c.split("/")[0] in ("poller", "driver", "driver-wheel") for c in context)
-    assert not [c for c in context if c.startswith(("poller/cli/", "poller/sandbox/"))]
+    assert not [c for c in context if c.startswith("poller/cli/")]
 
 
 def test_poller_image_installs_and_runs(builder: Builder) -> None:
-    # What the sandbox's image build passes (poller/sandbox/images.py).
+    # What the sandbox's image build passes (deploy/sandbox/lmeval_sandbox/images.py).
     build_args = {
         "VERSION": current_version(),
         "REVISION": "0123456789abcdef0123456789abcdef01234567",
@@ -494,7 +494,7 @@ def test_poller_image_installs_and_runs(builder: Builder) -> None:
     assert not image.path(image.env["WHEELS"]).exists(), "the wheel directory stays in the image"
     code = (
         "import importlib.util as u; print(sorted(n for n in "
-        "('poller.cli', 'poller.sandbox', 'kubernetes', 'rich') if u.find_spec(n)))"
+        "('lmeval_cli', 'lmeval_sandbox', 'kubernetes', 'rich') if u.find_spec(n)))"
     )
     # (From the image's /tmp: `python -c` puts its working directory on sys.path.)
     done = builder.run(image, ["python", "-c", code], cwd=image.path("/tmp"))

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import api_client, service_account_kubeconfig
 
 from poller import api
 from poller.api.settings import Settings
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import api_client, service_account_kubeconfig
 from tests.deploy.conftest import DEPLOY, documents
 
 pytestmark = pytest.mark.cluster

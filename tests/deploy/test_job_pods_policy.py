@@ -28,10 +28,10 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.identities import user_kubeconfig
 
 from poller.decisions.views import PROOF_ANNOTATION
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.identities import user_kubeconfig
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.policies import Requester, Result, apply_policy, bound_to, type_check_status
 from tests.deploy.policies import refused as refused_by

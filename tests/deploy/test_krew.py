@@ -1,9 +1,9 @@
 """The release's krew plugin, installed by the real krew and run as ``kubectl lmeval``.
 
 The plugin (``lmeval.yaml`` and one archive per platform) is built from this
-checkout as the release builds it (`poller.sandbox.krewplugin`; the CLI's
+checkout as the release builds it (`lmeval_sandbox.krewplugin`; the CLI's
 dependencies come from PyPI), and krew and the krew index's validator are
-built from their Go module (`poller.sandbox.krew`). No cluster. Checks:
+built from their Go module (`lmeval_sandbox.krew`). No cluster. Checks:
 
 - the index's own validator (``validate-krew-manifest``) accepts the
   manifest: structure, supported platforms, no overlapping selectors;
@@ -33,8 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from poller.sandbox import build, krew, krewplugin, release
+from lmeval_sandbox import build, krew, krewplugin, release
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = release.tree_version(REPO)
@@ -187,7 +186,7 @@ def test_each_archive_installs_for_its_platform(
         assert len(compiled) == 1, (tag, compiled)
         assert f"cpython-{tag[2:]}" in compiled[0].name and marker in compiled[0].name, compiled
     # The pure packages are shared, the CLI among them.
-    assert (store / "lib" / "common" / "poller" / "cli" / "__main__.py").is_file()
+    assert (store / "lib" / "common" / "lmeval_cli" / "__main__.py").is_file()
     assert not list(store.rglob("__pycache__")), "bytecode is written on first use, not shipped"
     for directory in (store / "lib").iterdir():
         assert not (directory / "bin").exists(), "pip's console scripts name the builder's Python"

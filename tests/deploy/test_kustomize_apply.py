@@ -27,9 +27,9 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller.api.settings import CONFIGMAP_NAME
-from poller.sandbox.controlplane import ControlPlane
 from tests.deploy.conftest import OVERLAYS, POLLER_NS, documents
 from tests.waiting import wait_for
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import kwok
+from lmeval_sandbox.controlplane import ControlPlane
 
 from poller import api
 from poller.cycle.reconciler import Reconciler
@@ -40,8 +42,6 @@ from poller.jobpod import offline
 from poller.kube.client import Kube
 from poller.leader import LeaderElector
 from poller.results import lmeval
-from poller.sandbox import kwok
-from poller.sandbox.controlplane import ControlPlane
 from tests.deploy.conftest import DEPLOY, yaml_file
 from tests.kueue_fixtures import Queues
 from tests.poller_fixtures import (

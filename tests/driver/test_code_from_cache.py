@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lmeval_sandbox.model_server import ModelServer
 
 from driver.hubview import build_view, code_in
-from poller.sandbox.model_server import ModelServer
 from tests.driver.conftest import Tasks, child_env, fake_child, lm_eval_cmd, run_driver
 from tests.hubcache import ARC_ROWS, write_arc_easy
 

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lmeval_sandbox.model_server import ModelServer
 
 from driver.hubview import build_view, snapshot_of
-from poller.sandbox.model_server import ModelServer
 from tests.driver.conftest import DriverRun, child_env, lm_eval_cmd, run_driver
 from tests.hubcache import ARC_COMMIT, ARC_REPO, ARC_ROWS, tree_state, write_arc_easy
 

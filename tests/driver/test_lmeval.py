@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lmeval_sandbox.components import free_port
+from lmeval_sandbox.model_server import ModelServer
 
 from driver.protocol import EXIT_CANCELLED, EXIT_NO_RESULTS, MARKER_PREFIX
-from poller.sandbox.components import free_port
-from poller.sandbox.model_server import ModelServer
 from tests.driver.conftest import (
     DriverRun,
     LiveDriver,

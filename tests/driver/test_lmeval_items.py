@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lmeval_sandbox.model_server import ModelServer
 
 from driver import __version__
 from driver.itemscores import ItemScores, decode_item_scores
 from driver.samples import ITEMS_FILE
-from poller.sandbox.model_server import ModelServer
 from tests.driver.conftest import DriverRun, lm_eval_cmd, run_driver
 
 pytestmark = pytest.mark.lmeval

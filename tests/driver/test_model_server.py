@@ -4,7 +4,7 @@ Checks the vLLM-style tokenizer endpoints, the completions response shapes
 (parsed by lm_eval's own ``LocalCompletionsAPI`` parsers), determinism,
 stop sequences, failure injection, a model made worse on purpose (a fixed
 share of prompts, chosen by their hash, answered wrongly), the chat endpoint,
-the loopback-only rule and the standalone ``python -m poller.sandbox.model_server`` form.
+the loopback-only rule and the standalone ``python -m lmeval_sandbox.model_server`` form.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from lmeval_sandbox.model_server import EOS_TOKEN, ModelServer
 
-from poller.sandbox.model_server import EOS_TOKEN, ModelServer
 from tests.driver.conftest import child_env
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never a proxy
@@ -131,7 +131,7 @@ def test_refuses_non_loopback(host: str) -> None:
 
 def test_standalone(tmp_path: Any) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "poller.sandbox.model_server", "--port", "0"],
+        [sys.executable, "-m", "lmeval_sandbox.model_server", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
         env=child_env(tmp_path),

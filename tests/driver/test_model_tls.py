@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.pki import serving_ca
 
 from driver.protocol import ENV_CA_BUNDLE, EXIT_DRIVER_ERROR
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.pki import serving_ca
 from tests.driver.conftest import DriverRun, Tasks, lm_eval_cmd, run_driver
 
 pytestmark = pytest.mark.lmeval

@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
+from lmeval_sandbox.model_server import ModelServer
 
 from driver import provenance
-from poller.sandbox.model_server import ModelServer
 
 
 class Notes:

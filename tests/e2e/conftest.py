@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import demo
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import LocalRunner, placement
 
 from poller import api
-from poller.sandbox import demo
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner, placement
 
 
 @pytest.fixture(scope="session")

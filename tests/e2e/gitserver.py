@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from poller.sandbox.components import free_port
+from lmeval_sandbox.components import free_port
+
 from tests.waiting import wait_for
 
 __all__ = ["GitDaemon", "GitHttp", "commit_files", "git"]

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from lmeval_sandbox.runner import LocalRunner
 
 from poller.cycle.reconciler import Reconciler
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.poller_fixtures import Jobs, cycle_until
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import LocalRunner
 
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import gittasks
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample
 from tests.e2e.gitserver import GitDaemon, GitHttp, commit_files, git
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import NODE_NAME, LocalRunner
 
 from driver.decoder import decode_text
 from poller import api
 from poller.cycle.reconciler import Reconciler
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import NODE_NAME, LocalRunner
 from tests.e2e.conftest import results_file, sample, submit
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
 from tests.waiting import wait_for

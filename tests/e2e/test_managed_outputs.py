@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.runner import LocalRunner
 
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline, podspec
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.poller_fixtures import Jobs, cycle_until
 from tests.waiting import wait_for

@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.pki import serving_ca
+from lmeval_sandbox.runner import LocalRunner
 
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import modeltls
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.pki import serving_ca
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import results_file, sample, submit
 from tests.poller_fixtures import Jobs, cycle_until
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import LocalRunner
 
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import ocioutput
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner
 from tests import ociregistry
 from tests.e2e.conftest import results_file, sample, submit
 from tests.poller_fixtures import Jobs, cycle_until

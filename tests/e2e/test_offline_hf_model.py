@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.runner import LocalRunner
 
 from poller.cycle.reconciler import Reconciler
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.e2e.test_offline_storage import LMEVAL_TIMEOUT, static_claim
 from tests.hubcache import ARC_ROWS, tree_state, write_arc_easy

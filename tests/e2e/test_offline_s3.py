@@ -1,7 +1,7 @@
 """Models and datasets from S3, offline: a real S3 server on loopback, on the real plane.
 
 The server is Versity's S3 gateway built from its Go module
-(poller/sandbox/s3server.py), serving a bucket whose prefix ``team/hf`` holds
+(deploy/sandbox/lmeval_sandbox/s3server.py), serving a bucket whose prefix ``team/hf`` holds
 a hub cache as ``aws s3 sync`` leaves one (S3 has no symlinks: the snapshot
 holds file copies) with ``allenai/ai2_arc``'s ARC-Easy (tests/hubcache.py),
 plus an object outside the prefix. The job names the prefix in
@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import LocalRunner
+from lmeval_sandbox.s3server import S3Server
 
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner
-from poller.sandbox.s3server import S3Server
 from tests.e2e.conftest import sample, submit
 from tests.hubcache import ARC_ROWS, write_arc_easy
 from tests.poller_fixtures import Jobs, cycle_until

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import LocalRunner
 
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import offline
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.hubcache import ARC_ROWS, static_claim_manifests, tree_state, write_arc_easy
 from tests.poller_fixtures import Jobs, cycle_until

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.runner import NODE_LABEL, NODE_NAME, LocalRunner
 
 from poller.cycle.reconciler import Reconciler
-from poller.sandbox.runner import NODE_LABEL, NODE_NAME, LocalRunner
 from tests.e2e.conftest import sample, submit
 from tests.poller_fixtures import Jobs, cycle_until
 

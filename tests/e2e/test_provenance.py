@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import LocalRunner
 
 import driver
 from driver.itemscores import decode_item_scores
 from poller.cycle.reconciler import Reconciler
 from poller.results import lmeval
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import results_file, sample, submit
 from tests.poller_fixtures import Jobs, cycle_until
 

@@ -31,14 +31,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.model_server import ModelServer
+from lmeval_sandbox.runner import LocalRunner
 from prometheus_client import CollectorRegistry
 
 from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.jobmetrics import JobCollector
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.model_server import ModelServer
-from poller.sandbox.runner import LocalRunner
 from tests.poller_fixtures import Jobs, cycle_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.lmeval]

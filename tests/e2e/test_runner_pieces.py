@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 import yaml
-from rich.console import Console
-
-from poller import api
-from poller.sandbox import demo
-from poller.sandbox.bringup import DemoError
-from poller.sandbox.runner import (
+from lmeval_sandbox import demo
+from lmeval_sandbox.bringup import DemoError
+from lmeval_sandbox.runner import (
     PathMapper,
     expand_vars,
     local_argv,
     termination_message,
 )
+from rich.console import Console
+
+from poller import api
 
 ROOT = Path("/w/pods/ns/p-1/root")
 MOUNTS = ["/tmp", "/cache/huggingface", "/outputs", "/opt/lmeval/tasks/my-tasks"]

@@ -1,10 +1,10 @@
-"""The README's command, as a newcomer runs it: ``python -m poller.sandbox run``.
+"""The README's command, as a newcomer runs it: ``python -m lmeval_sandbox run``.
 
 Runs the whole command as a subprocess on its own fresh control plane (CI
 runs it here, once per suite): it must exit 0 after a real evaluation, print
 the results table, finish in under two minutes once the binaries are built,
 and leave no process behind. With ``--keep`` everything stays up, answers
-kubectl, and ``python -m poller.sandbox down`` stops every process it left.
+kubectl, and ``python -m lmeval_sandbox down`` stops every process it left.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from poller.sandbox.controlplane import ControlPlane
+from lmeval_sandbox.controlplane import ControlPlane
 
 pytestmark = [pytest.mark.cluster, pytest.mark.lmeval]
 
@@ -29,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _sandbox(workdir: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="120")
     return subprocess.run(
-        [sys.executable, "-m", "poller.sandbox", "--workdir", str(workdir), *args],
+        [sys.executable, "-m", "lmeval_sandbox", "--workdir", str(workdir), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -85,7 +84,7 @@ def test_keep_leaves_it_running_until_down(control_plane: ControlPlane, tmp_path
     try:
         assert done.returncode == 0, output
         assert "sample_arith_mc" in output and "kubectl get lmevaljobs" in output
-        assert f"python -m poller.sandbox --workdir {workdir} down" in output
+        assert f"python -m lmeval_sandbox --workdir {workdir} down" in output
         state = json.loads((workdir / "state.json").read_text())
         names = set(state["pids"])
         assert {"kube-apiserver", "lmeval-poller", "lmeval-sandbox-runner", "model-server"} <= names

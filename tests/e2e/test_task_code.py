@@ -15,11 +15,11 @@ import json
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox.runner import LocalRunner
 
 from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import podspec
-from poller.sandbox.runner import LocalRunner
 from tests.e2e.conftest import sample
 from tests.poller_fixtures import BASE_SETTINGS, Jobs, cycle_until, set_settings
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from lmeval_sandbox import kwok
 
 from poller.cycle.reconciler import Reconciler
 from poller.decisions import kueueadmission
 from poller.results.lmeval import LOG_ARCHIVE_KEY
-from poller.sandbox import kwok
 from tests.kueue_fixtures import GPU, GPU_TOLERATION, Queues
 from tests.poller_fixtures import CapturedRun, Jobs, cycle_until, serve_log, terminate
 

@@ -3,7 +3,7 @@
 `make_job` builds the `JobView` a cycle would put in its snapshot (from
 the object a LIST returns), so the
 collector is tested without any cluster. Prometheus and promtool are built
-(or found) once per session by `poller.sandbox.prometheus`.
+(or found) once per session by `lmeval_sandbox.prometheus`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lmeval_sandbox.prometheus import ensure_prometheus
 
 from poller import api
 from poller.decisions.views import JobView
-from poller.sandbox.prometheus import ensure_prometheus
 
 TOY_RESULTS: dict[str, Any] = {
     "results": {

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_sandbox import build
+from lmeval_sandbox.prometheus import promtool
 from prometheus_client import CollectorRegistry
 
 from poller.cycle.reconciler import CycleReport
 from poller.metrics import PollerMetrics, serve
-from poller.sandbox import build
-from poller.sandbox.prometheus import promtool
 from tests.metrics.conftest import TOY_RESULTS, make_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,13 +27,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from lmeval_sandbox.prometheus import PrometheusServer, promtool
 from prometheus_client import CollectorRegistry
 
 from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.kube.client import Kube
 from poller.metrics import MetricsServer, PollerMetrics, serve
-from poller.sandbox.prometheus import PrometheusServer, promtool
 from poller.service import PollingService
 from tests.metrics.test_deploy import DASHBOARD, write_rules
 from tests.poller_fixtures import (

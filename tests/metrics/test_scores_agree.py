@@ -17,12 +17,12 @@ import json
 from typing import Any
 
 import pytest
+from lmeval_cli import facts, render
+from lmeval_sandbox import demo
 from prometheus_client import CollectorRegistry
 
-from poller.cli import facts, render
 from poller.cycle.reconciler import CycleReport
 from poller.metrics import PollerMetrics
-from poller.sandbox import demo
 from tests.metrics.conftest import make_job
 
 # lm_eval 0.4.13 (evaluator_utils.EvalAcc._to_eval_results): "results" holds

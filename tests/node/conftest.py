@@ -3,7 +3,7 @@
 One control plane (``real_node=True``, kwok nodes tainted out of reach) and
 one real node (containerd, runc, CNI, kubelet, kube-proxy; images from a
 registry on loopback) per session; the images are built from our Dockerfile
-(`poller.sandbox.images`, cached by their inputs); the poller is deployed by
+(`lmeval_sandbox.images`, cached by their inputs); the poller is deployed by
 ``kubectl apply -k`` of ``deploy/`` with its own image and runs in-cluster.
 Each test gets a job namespace made from ``deploy/components/job-namespace``
 (Pod Security ``restricted`` enforced) and sees jobs as a user does: through
@@ -27,16 +27,16 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_sandbox import build, demo, helm, images, nodeconfig, release
+from lmeval_sandbox.components import free_port
+from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.deployed import apply_job_namespace, apply_poller
+from lmeval_sandbox.nodeconfig import NODE_NAME
+from lmeval_sandbox.realdemo import model_server_sidecar
+from lmeval_sandbox.realnode import NodeImage, RealNode
+from lmeval_sandbox.supervise import http_ok, terminate
 
 from poller import api
-from poller.sandbox import build, demo, helm, images, nodeconfig, release
-from poller.sandbox.components import free_port
-from poller.sandbox.controlplane import ControlPlane
-from poller.sandbox.deployed import apply_job_namespace, apply_poller
-from poller.sandbox.nodeconfig import NODE_NAME
-from poller.sandbox.realdemo import model_server_sidecar
-from poller.sandbox.realnode import NodeImage, RealNode
-from poller.sandbox.supervise import http_ok, terminate
 from tests import docs
 from tests.waiting import wait_for
 

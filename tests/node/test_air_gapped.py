@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lmeval_sandbox.nodeconfig import NODE_IP
+from lmeval_sandbox.s3server import S3Server
 
 from poller.api.settings import Settings
 from poller.jobpod import gittasks, offline
-from poller.sandbox.nodeconfig import NODE_IP
-from poller.sandbox.s3server import S3Server
 from tests.e2e.gitserver import GitDaemon, commit_files, git
 from tests.e2e.test_git_tasks import ROWS, TASK
 from tests.hubcache import ARC_ROWS, static_claim_manifests, tree_state, write_arc_easy

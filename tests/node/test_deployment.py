@@ -20,8 +20,8 @@ import json
 from typing import Any
 
 import pytest
+from lmeval_sandbox.prometheus import PrometheusServer
 
-from poller.sandbox.prometheus import PrometheusServer
 from tests.node.conftest import NODE_NAME, NodeCluster
 from tests.waiting import wait_for
 

@@ -1,4 +1,4 @@
-"""The project's images (poller/sandbox/images.py), run for real with runc.
+"""The project's images (deploy/sandbox/lmeval_sandbox/images.py), run for real with runc.
 
 Each image's OCI archive is copied into buildah's storage by skopeo, mounted,
 and run as an OCI bundle by runc the way the restricted pod profile runs it:
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lmeval_sandbox import images
 
 from poller import api
 from poller.api.settings import Settings
 from poller.jobpod import podspec
-from poller.sandbox import images
 
 pytestmark = [pytest.mark.node]
 
@@ -160,7 +160,7 @@ def test_poller_image_runs_its_entrypoint(tmp_path: Path, mounted: dict[str, Mou
     # sandbox, none of their dependencies (kubernetes, rich).
     code = (
         "import importlib.util as u, importlib.metadata as m; "
-        "print(sorted(n for n in ('poller.cli', 'poller.sandbox', 'kubernetes', 'rich')"
+        "print(sorted(n for n in ('lmeval_cli', 'lmeval_sandbox', 'kubernetes', 'rich')"
         " if u.find_spec(n)),"
         " sorted(d.name for d in m.distributions() if d.name.startswith('lmeval')))"
     )

@@ -1,6 +1,6 @@
 """A release as a platform team installs, upgrades and removes it, on fresh real-node planes.
 
-The release is built from this checkout by `poller.sandbox.release` (the
+The release is built from this checkout by `lmeval_sandbox.release` (the
 images from the Dockerfile, pushed to a registry on loopback, the manifests
 naming them by digest, the chart), and the previous release from the commit
 its section of deploy/CHANGELOG.md names (a ``git worktree``). Each scenario
@@ -48,10 +48,10 @@ from typing import Any
 
 import pytest
 import yaml
+from lmeval_sandbox import build, krewplugin, release
+from lmeval_sandbox.prometheus import PrometheusServer
 
 from poller import api
-from poller.sandbox import build, krewplugin, release
-from poller.sandbox.prometheus import PrometheusServer
 from tests.node.conftest import (
     JOBS_NS,
     POLLER_NS,
@@ -312,7 +312,7 @@ def test_install_with_kubectl_as_the_readme_says(
         assert_scraped(cluster, current.version)
         # `lmeval version` sees the installed release.
         shown = subprocess.run(
-            [sys.executable, "-m", "poller.cli", "version", "-o", "json"],
+            [sys.executable, "-m", "lmeval_cli", "version", "-o", "json"],
             capture_output=True,
             text=True,
             timeout=60,

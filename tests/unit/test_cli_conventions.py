@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from poller.cli import selection, waitfor
-from poller.cli.__main__ import build_parser
-from poller.cli.errors import CliError, ExitCode
-from poller.cli.kubeconfig import connect
+from lmeval_cli import selection, waitfor
+from lmeval_cli.__main__ import build_parser
+from lmeval_cli.errors import CliError, ExitCode
+from lmeval_cli.kubeconfig import connect
 
 
 def _job(state: str = "", reason: str = "", **conditions: str) -> dict[str, Any]:

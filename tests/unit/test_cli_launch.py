@@ -11,8 +11,7 @@ import importlib.util
 import sys
 
 import pytest
-
-from poller.cli import launch
+from lmeval_cli import launch
 
 
 def test_missing_cli_packages_are_named(
@@ -24,12 +23,12 @@ def test_missing_cli_packages_are_named(
         return None if name == "rich" else real(name, package)
 
     monkeypatch.setattr(importlib.util, "find_spec", without_rich)
-    monkeypatch.delitem(sys.modules, "poller.cli.__main__", raising=False)
+    monkeypatch.delitem(sys.modules, "lmeval_cli.__main__", raising=False)
     assert launch.main() == 7
     err = capsys.readouterr().err
     assert "rich" in err and "kubernetes" not in err
     assert "pip install 'lmeval-poller[cli]'" in err
-    assert "poller.cli.__main__" not in sys.modules
+    assert "lmeval_cli.__main__" not in sys.modules
 
 
 def test_with_the_packages_it_runs_the_cli(

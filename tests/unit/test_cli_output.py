@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
-
-from poller.cli import output
-from poller.cli.errors import CliError, ExitCode
-from poller.cli.render import Output
+from lmeval_cli import output
+from lmeval_cli.errors import CliError, ExitCode
+from lmeval_cli.render import Output
 
 JOBS: dict[str, Any] = {
     "apiVersion": "v1",

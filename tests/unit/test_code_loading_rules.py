@@ -32,6 +32,7 @@ import re
 from typing import Any
 
 import pytest
+from lmeval_sandbox import crd
 from pydantic import ValidationError
 
 from driver import protocol
@@ -43,7 +44,6 @@ from poller.decisions.actions import CreatePod, PatchStatus
 from poller.decisions.views import JobView
 from poller.jobpod import argv as podargv
 from poller.jobpod import podspec
-from poller.sandbox import crd
 from poller.timefmt import format_time
 
 

@@ -1,6 +1,6 @@
 """Every property of the generated LMEvalJob CRD says what it is, as `kubectl explain` shows it.
 
-Walks the schema that ``python -m poller.sandbox.crd`` writes (spec and
+Walks the schema that ``python -m lmeval_sandbox.crd`` writes (spec and
 status, at every depth: object properties, the items of lists and the values
 of maps that have properties) and checks that each property has a
 description of reasonable length, in one paragraph (kubectl explain prints
@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from lmeval_sandbox import crd
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from poller import api
 from poller.api.status import REASON_DOCS, STATE_DOCS
 from poller.decisions import outcome, regression
-from poller.sandbox import crd
 
 # Long enough to say something; short enough that kubectl explain stays readable
 # (the status.state/reason/conditions texts explain several values each).

@@ -4,15 +4,17 @@ The repository's pyproject.toml is the development distribution of every
 package; what ships is built from three of their own (poller/pyproject.toml:
 the operator, driver/pyproject.toml: the driver, poller/cli/pyproject.toml:
 the user CLI). Their requirements are written twice, so this checks that the
-development distribution's are exactly theirs, that together they cover
-every module of the repository except the sandbox, and that each installs
-the console scripts of its part. The wheels themselves are built and
+development distribution's are exactly theirs, that each ships one import
+package (poller, driver, lmeval_cli) whole from a folder of its own, and
+that each installs the console scripts of its part; the sandbox
+(lmeval_sandbox) ships in none. The wheels themselves are built and
 inspected by tests/deploy/test_dockerfile.py (operator and driver) and run
 in the images by tests/node/test_images.py.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -72,28 +74,55 @@ def test_console_scripts_are_the_shipped_ones() -> None:
     assert DEVELOPMENT["scripts"] == shipped
 
 
-def test_every_module_but_the_sandbox_ships_in_one_distribution() -> None:
-    def package_dir(project_file: Path) -> dict[str, str]:
-        tool = tomllib.loads(project_file.read_text())["tool"]["setuptools"]
-        assert tool["packages"] == list(tool["package-dir"]), project_file
-        return {name: str(project_file.parent) for name in tool["packages"]}
+def _chain(top: Path, folder: Path) -> bool:
+    """Whether every folder from `top` down to `folder` holds an __init__.py."""
+    while folder != top:
+        if not (folder / "__init__.py").exists():
+            return False
+        folder = folder.parent
+    return True
 
-    owners = {}
+
+def test_one_distribution_one_import_package() -> None:
+    """Each shipped distribution holds one import package, in its own folder, whole."""
+    shipped = {}
     for path in ("poller/pyproject.toml", "driver/pyproject.toml", "poller/cli/pyproject.toml"):
-        owners |= package_dir(REPO / path)
-    # A package-dir ships the .py files directly in it (packages are not recursive).
-    operator = {name for name, where in owners.items() if where == str(REPO / "poller")}
-    assert "poller" in operator
-    assert owners["driver"] == str(REPO / "driver")
-    assert owners["poller.cli"] == str(REPO / "poller" / "cli")
-    packages = {
-        ".".join(p.parent.relative_to(REPO).parts)
-        for top in ("poller", "driver")
-        for p in (REPO / top).rglob("__init__.py")
+        tool = tomllib.loads((REPO / path).read_text())["tool"]["setuptools"]
+        folder = (REPO / path).parent
+        top = {name.split(".")[0] for name in tool["packages"]}
+        assert len(top) == 1, f"{path} ships more than one import package: {top}"
+        (name,) = top
+        where = folder / tool.get("package-dir", {}).get(name, name)
+        shipped[name] = (where.resolve(), set(tool["packages"]))
+    assert set(shipped) == {"poller", "driver", "lmeval_cli"}
+    for name, (where, packages) in shipped.items():
+        # setuptools' packages are not recursive: every subpackage is named.
+        # (a folder is a subpackage if it and every folder above it up to
+        # the package hold an __init__.py: poller/cli/lmeval_cli is not one)
+        inside = {
+            ".".join((name, *p.parent.relative_to(where).parts))
+            for p in where.rglob("__init__.py")
+            if _chain(where, p.parent)
+        }
+        assert packages == inside, name
+    # No import package inside another's folder: the CLI's folder holds no
+    # __init__.py (it is not poller.cli), and the sandbox left poller/.
+    assert not (REPO / "poller" / "cli" / "__init__.py").exists()
+    assert shipped["lmeval_cli"][0] == (REPO / "poller" / "cli" / "lmeval_cli").resolve()
+    assert not (REPO / "poller" / "sandbox").exists()
+
+
+def test_the_development_distribution_finds_every_package_and_the_sandbox() -> None:
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]
+    find = tool["setuptools"]["packages"]["find"]
+    where, include = find["where"], find["include"]
+    tops = {
+        init.parent.name
+        for root in where
+        for init in (REPO / root).glob("*/__init__.py")
+        if any(fnmatch.fnmatch(init.parent.name, pattern) for pattern in include)
     }
-    assert packages - set(owners) == {"poller.sandbox"}
-    # Every layer's folder ships with the operator.
-    assert {p for p in packages if p.count(".") == 1 and p not in owners} == {"poller.sandbox"}
-    assert operator == {"poller"} | {
-        p for p in packages if p.startswith("poller.") and p.split(".")[1] not in ("cli", "sandbox")
-    }
+    assert tops == {"poller", "driver", "lmeval_cli", "lmeval_sandbox"}
+    # mypy and the import contracts see the same four.
+    assert set(tool["mypy"]["packages"]) == tops
+    assert set(tool["importlinter"]["root_packages"]) == tops

@@ -10,14 +10,14 @@ apiserver's words.
 from __future__ import annotations
 
 import pytest
+from lmeval_cli.errors import ApiError as CliApiError
+from lmeval_cli.errors import ExitCode, explain
+from lmeval_sandbox.podsetup import ApiError as SandboxApiError
 
-from poller.cli.errors import ApiError as CliApiError
-from poller.cli.errors import ExitCode, explain
 from poller.cycle.act import refused_for_good
 from poller.cycle.poison import classify
 from poller.kube import errors as apierrors
 from poller.kube.client import ApiError
-from poller.sandbox.podsetup import ApiError as SandboxApiError
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The generated references (`python -m poller.sandbox.docs`) say what the code says.
+"""The generated references (`python -m lmeval_sandbox.docs`) say what the code says.
 
 Checks the generator on copies in a temporary directory (a block is replaced
 inside its markers only, a page without its block is an error naming the file
@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lmeval_sandbox import crd, docs
 
 from poller.api import settings
-from poller.sandbox import crd, docs
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _page(name: str, inside: str = "stale\n") -> str:
     return (
-        f"# Title\n\nBefore.\n\n<!-- BEGIN GENERATED {name}: python -m poller.sandbox.docs; "
+        f"# Title\n\nBefore.\n\n<!-- BEGIN GENERATED {name}: python -m lmeval_sandbox.docs; "
         f"do not edit -->\n{inside}<!-- END GENERATED {name} -->\n\nAfter.\n"
     )
 
@@ -76,7 +76,7 @@ def test_a_missing_or_repeated_block_is_an_error_naming_it() -> None:
 def test_write_then_check_on_a_copy(root: Path) -> None:
     stale = docs.check(root)
     # Every page is named: the two whole files are missing, the three blocks stale.
-    run = "out of date: run `python -m poller.sandbox.docs`"
+    run = "out of date: run `python -m lmeval_sandbox.docs`"
     assert sorted(stale) == sorted(
         [
             f"crds/REFERENCE.md: {run}",
@@ -196,7 +196,7 @@ def narrow_terminal() -> Iterator[None]:
 
 
 def test_the_cli_reference_has_every_command_at_a_fixed_width(narrow_terminal: None) -> None:
-    from poller.cli.__main__ import build_parser
+    from lmeval_cli.__main__ import build_parser
 
     page = docs.render_cli_reference()
     assert os.environ["COLUMNS"] == "37"  # put back
@@ -349,7 +349,7 @@ def test_condition_reasons_are_extracted() -> None:
 
 def test_the_repository_pages_are_current() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "poller.sandbox.docs", "--check"],
+        [sys.executable, "-m", "lmeval_sandbox.docs", "--check"],
         cwd=REPO,
         capture_output=True,
         text=True,

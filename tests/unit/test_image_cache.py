@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from poller.sandbox import images
+from lmeval_sandbox import images
 
 
 def _set(root: Path, name: str, mtime: float) -> Path:

@@ -1,4 +1,4 @@
-"""The krew plugin's manifest, launcher and archive format (poller.sandbox.krewplugin), offline.
+"""The krew plugin's manifest, launcher and archive format (lmeval_sandbox.krewplugin), offline.
 
 Checks: the manifest has krew's apiVersion and kind, the name ``lmeval``,
 ``v<version>``, a one-line short description, description, caveats naming
@@ -30,8 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from poller.sandbox import krewplugin, release
+from lmeval_sandbox import krewplugin, release
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "1.2.3"
@@ -102,13 +101,12 @@ def test_the_python_range_starts_at_the_clis_floor() -> None:
 
 
 def _plugin_dir(tmp_path: Path, python_tag: str) -> Path:
-    """A launcher beside lib/<python_tag> and lib/common, whose `poller.cli.launch`
+    """A launcher beside lib/<python_tag> and lib/common, whose `lmeval_cli.launch`
     (a stand-in) says where it was imported from and which revision it was given."""
     root = tmp_path / "store"
     (root / "lib" / python_tag).mkdir(parents=True)
-    package = root / "lib" / "common" / "poller" / "cli"
+    package = root / "lib" / "common" / "lmeval_cli"
     package.mkdir(parents=True)
-    (package.parent / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "launch.py").write_text(
         "import os, sys\n"
@@ -135,7 +133,7 @@ def test_the_launcher_runs_the_cli_beside_it(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     where, revision, args = done.stdout.split(" ", 2)
-    assert Path(where) == root / "lib" / "common" / "poller" / "cli" / "launch.py"
+    assert Path(where) == root / "lib" / "common" / "lmeval_cli" / "launch.py"
     assert revision == REVISION
     assert args.strip() == "['version', '--client']"
 
@@ -196,7 +194,7 @@ def test_the_launcher_keeps_a_safe_path_python_s_own_path(tmp_path: Path) -> Non
     # launcher must not drop the entry that is there instead.
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}{sys.abiflags}"
     root = _plugin_dir(tmp_path, tag)
-    (root / "lib" / "common" / "poller" / "cli" / "launch.py").write_text(
+    (root / "lib" / "common" / "lmeval_cli" / "launch.py").write_text(
         "import sys\ndef main():\n    print(repr(sys.path))\n    return 0\n"
     )
     plain = subprocess.run(

@@ -5,7 +5,7 @@ values: a defined NAME becomes its value, ``$$`` becomes ``$``, anything else
 stays. A spec value holding ``$(X)`` would otherwise take the value of
 another variable of the container (an env value once added pairs to
 ``--model_args``). Checks, with the sandbox's model of that expansion
-(``poller.sandbox.podfs.expand_vars``, which the local runner applies as the
+(``lmeval_sandbox.podfs.expand_vars``, which the local runner applies as the
 kubelet does; tests/node proves it on a real kubelet):
 
 - ``kubelet_literal`` doubles every ``$``, and the expansion of its output is
@@ -25,11 +25,11 @@ import re
 from typing import Any
 
 import pytest
+from lmeval_sandbox.podfs import expand_vars
 
 from poller import api
 from poller.api.settings import Settings
 from poller.jobpod import podspec
-from poller.sandbox.podfs import expand_vars
 
 ENV = {"SOME_VAR": "true,verify_certificate=False", "X": "expanded", "HOME": "/tmp"}
 TRICKY = [

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lmeval_sandbox import crd
+from lmeval_sandbox.pki import serving_ca
 from pydantic import ValidationError
 
 from driver import protocol, trust
 from poller import api
 from poller.api.settings import Settings
 from poller.jobpod import modeltls, podspec
-from poller.sandbox import crd
-from poller.sandbox.pki import serving_ca
 
 CM_BUNDLE = {"configMapKeyRef": {"name": "service-ca", "key": "service-ca.crt"}}
 SECRET_BUNDLE = {"secretKeyRef": {"name": "model-ca", "key": "ca.crt"}}

@@ -225,7 +225,7 @@ def test_status_names_the_artifact_or_why_not() -> None:
 
 
 def test_lmeval_get_shows_the_artifact() -> None:
-    from poller.cli import render
+    from lmeval_cli import render
 
     job = {
         "metadata": {"name": "j", "namespace": "ns", "creationTimestamp": "2026-12-01T00:00:00Z"},

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import pytest
+from lmeval_sandbox import crd
 
 from poller import api
 from poller.api.settings import Settings, SettingsTracker, parse_duration
@@ -23,7 +24,6 @@ from poller.decisions.concurrency import fair_order, plan_queue
 from poller.decisions.views import ContainerView, JobView, PodView
 from poller.jobpod import podspec
 from poller.results import lmeval
-from poller.sandbox import crd
 
 
 def _job(name: str, namespace: str, created: str, **status: Any) -> JobView:
@@ -215,7 +215,7 @@ def test_models_refuse_argv_injection(spec: dict[str, Any]) -> None:
 
 
 def test_committed_crd_matches_the_models() -> None:
-    assert crd.CRD_PATH.read_text() == crd.render(), "run `python -m poller.sandbox.crd`"
+    assert crd.CRD_PATH.read_text() == crd.render(), "run `python -m lmeval_sandbox.crd`"
 
 
 def test_crd_is_structural() -> None:

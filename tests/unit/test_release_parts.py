@@ -1,4 +1,4 @@
-"""The release command's pure parts (poller.sandbox.release), without images.
+"""The release command's pure parts (lmeval_sandbox.release), without images.
 
 Checks: a version's notes are its changelog section, with or without
 brackets, up to the next version; the changelog's current section matches
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from poller.sandbox import release
+from lmeval_sandbox import release
 
 CHANGELOG = """# Changelog
 
@@ -51,7 +50,7 @@ def test_a_versions_notes_are_its_section() -> None:
 
 
 def test_the_changelog_agrees_with_the_checkout() -> None:
-    root = Path(release.__file__).resolve().parents[2]
+    root = Path(release.__file__).resolve().parents[3]
     text = (root / release.CHANGELOG).read_text()
     version = release.tree_version(root)
     assert release.changelog_section(text, version), f"no section for {version}"

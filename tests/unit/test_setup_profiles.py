@@ -31,10 +31,9 @@ import time
 from pathlib import Path
 
 import pytest
+from lmeval_sandbox import build, realdemo
+from lmeval_sandbox.bringup import DemoError
 from rich.console import Console
-
-from poller.sandbox import build, realdemo
-from poller.sandbox.bringup import DemoError
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = "deploy/sandbox/setup.sh"
@@ -97,8 +96,8 @@ def test_the_sandbox_command_prepares_only_what_run_needs() -> None:
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert steps(shown.stdout) == SANDBOX_STEPS, shown.stdout
     assert not any(word in shown.stdout + shown.stderr for word in TESTS_ONLY), shown.stdout
-    # Its arguments reached `python -m poller.sandbox run`, not setup.sh.
-    assert "usage: python -m poller.sandbox run" in shown.stdout
+    # Its arguments reached `python -m lmeval_sandbox run`, not setup.sh.
+    assert "usage: python -m lmeval_sandbox run" in shown.stdout
 
 
 def test_the_tests_profile_prepares_everything_and_is_the_default() -> None:
@@ -136,7 +135,7 @@ def test_two_clones_share_the_dependencies_and_each_runs_its_own_code(tmp_path: 
             'echo "module=$(python -m poller --version)"',
             *(f'echo "which {name}=$(command -v {name})"' for name in commands + tools),
             # Which files the console script really loads (-v's import lines).
-            "PYTHONVERBOSE=1 lmeval --version 2>&1 | grep '^# .*poller/cli/launch'",
+            "PYTHONVERBOSE=1 lmeval --version 2>&1 | grep '^# .*poller/cli/lmeval_cli/launch'",
             'echo "venv=$LMEVAL_VENV"',
         ]
     )

@@ -25,6 +25,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from lmeval_sandbox import crd
 from pydantic import ValidationError
 
 from poller import api
@@ -34,7 +35,6 @@ from poller.decisions import decide
 from poller.decisions.actions import CreatePod, PatchStatus
 from poller.decisions.views import JobView
 from poller.jobpod import podspec
-from poller.sandbox import crd
 from poller.timefmt import format_time
 
 KIB = 1024

@@ -40,11 +40,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import urllib3
 import yaml
+from lmeval_sandbox.pki import Pki, issue_client_cert, make_pki
 
 from poller.kube import config
 from poller.kube.client import ApiError, Kube, NotFound
 from poller.kube.transport import ApiTransport, ExecOutputTooLarge, ExecRefused
-from poller.sandbox.pki import Pki, issue_client_cert, make_pki
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 

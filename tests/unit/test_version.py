@@ -8,7 +8,7 @@ it from the installed metadata (`poller.buildinfo.version`,
 checkout's HEAD); the driver reports the version of the copy of itself that
 runs (a wheel's dist-info beside it, the METADATA the driver image puts
 inside it), never that of another installed ``lmeval-driver``; and
-``python -m poller.sandbox.version set X.Y.Z`` rewrites exactly the four
+``python -m lmeval_sandbox.version set X.Y.Z`` rewrites exactly the four
 version lines and the two pins, refuses anything but MAJOR.MINOR.PATCH, and
 writes nothing when it refuses.
 """
@@ -23,12 +23,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from lmeval_sandbox import version as versiontool
 from packaging.requirements import Requirement
 
 import driver
 from poller import buildinfo
 from poller.__main__ import parse_args
-from poller.sandbox import version as versiontool
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -172,7 +172,7 @@ def test_driver_reports_the_version_of_its_own_copy(tmp_path: Path) -> None:
     assert _driver_version(tmp_path, checkout, dev) == "3.2.1"
 
 
-# -- python -m poller.sandbox.version -------------------------------------------
+# -- python -m lmeval_sandbox.version -------------------------------------------
 
 
 @pytest.fixture
