@@ -33,18 +33,9 @@ from driver.contract import (
     ENV_RUN_ID,
     EVENT_FAILED,
     EXIT_DRIVER_ERROR,
-    OPT_GRACE_PERIOD,
-    OPT_HOLD_SECONDS,
-    OPT_HUB_DATASETS,
-    OPT_LOG_COPY,
-    OPT_OCI_AUTH,
-    OPT_OCI_PUSH,
-    OPT_OCI_SCHEME,
-    OPT_OCI_SUBJECT,
     OPT_OUTPUT_ROOT,
-    OPT_PROGRESS_INTERVAL,
-    OPT_RUN_ID,
-    OPT_TASK_SOURCES,
+    RunArgs,
+    option_flag,
 )
 from driver.prepare import DEFAULT_OUTPUT_ROOT, RunOptions
 from driver.run import Run, release
@@ -123,21 +114,21 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         f"--output_path (default: ${ENV_OUTPUT_ROOT} or %(default)s)",
     )
     parser.add_argument(
-        OPT_RUN_ID,
+        option_flag("run_id"),
         default=os.environ.get(ENV_RUN_ID) or None,
         metavar="ID",
         help=f"run id, names the run directory (default: ${ENV_RUN_ID} or a fresh "
         "timestamp-random id); a reused id is refused",
     )
     parser.add_argument(
-        OPT_PROGRESS_INTERVAL,
+        option_flag("progress_interval"),
         type=_seconds,
         default=5.0,
         metavar="S",
         help="at most one progress marker per S seconds (default: %(default)s)",
     )
     parser.add_argument(
-        OPT_GRACE_PERIOD,
+        option_flag("grace_period"),
         type=_seconds,
         default=20.0,
         metavar="S",
@@ -145,12 +136,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "it below the pod's terminationGracePeriodSeconds (default: %(default)s)",
     )
     parser.add_argument(
-        OPT_LOG_COPY,
+        option_flag("log_copy"),
         metavar="FILE",
         help="also append the complete (neutralised) output and markers to FILE",
     )
     parser.add_argument(
-        OPT_HOLD_SECONDS,
+        option_flag("hold_seconds"),
         type=_seconds,
         default=0.0,
         metavar="S",
@@ -162,13 +153,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 def _add_source_options(parser: argparse.ArgumentParser) -> None:
     """lm_eval's inputs the driver reports (task sources' commits) or lays out (Hub datasets)."""
     parser.add_argument(
-        OPT_TASK_SOURCES,
+        option_flag("task_sources"),
         metavar="DIR",
         help="report the commit in each DIR/<name>.commit file (task sources cloned from "
         "Git) in the started and final markers",
     )
     parser.add_argument(
-        OPT_HUB_DATASETS,
+        option_flag("hub_datasets"),
         metavar="DIR",
         help="a Hugging Face hub cache: start lm_eval in a directory where each cached "
         "dataset ORG/NAME is a symlink to its snapshot, so that offline runs load Hub "
@@ -179,21 +170,23 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
 def _add_oci_options(parser: argparse.ArgumentParser) -> None:
     """Publishing the results as an OCI artifact after a completed run."""
     parser.add_argument(
-        OPT_OCI_PUSH,
+        option_flag("oci_push"),
         metavar="REF",
         help="after a completed run, push the results and the run's provenance as an OCI "
         "artifact to REF (host[:port]/path:tag) and report its digest in the final marker",
     )
     parser.add_argument(
-        OPT_OCI_SUBJECT,
+        option_flag("oci_subject"),
         metavar="DIGEST",
         help="attach the artifact to this manifest (sha256:...) of the same repository",
     )
     parser.add_argument(
-        OPT_OCI_AUTH, metavar="FILE", help="a .dockerconfigjson with the registry's credentials"
+        option_flag("oci_auth"),
+        metavar="FILE",
+        help="a .dockerconfigjson with the registry's credentials",
     )
     parser.add_argument(
-        OPT_OCI_SCHEME,
+        option_flag("oci_scheme"),
         choices=("https", "http"),
         default="https",
         help="http only for a loopback registry (default: %(default)s)",
@@ -256,21 +249,9 @@ def parse_run_options(args: Sequence[str]) -> RunOptions:
     parsed = parser.parse_args(options)
     if not child_argv:
         parser.error(f"missing '{END_OF_OPTIONS} <lm_eval command...>'")
-    return RunOptions(
-        child_argv=child_argv,
-        output_root=parsed.output_root,
-        progress_interval=parsed.progress_interval,
-        grace_period=parsed.grace_period,
-        log_copy=parsed.log_copy,
-        hold_seconds=parsed.hold_seconds,
-        run_id=parsed.run_id,
-        task_sources=parsed.task_sources,
-        hub_datasets=parsed.hub_datasets,
-        oci_push=parsed.oci_push,
-        oci_subject=parsed.oci_subject,
-        oci_auth=parsed.oci_auth,
-        oci_plain_http=parsed.oci_scheme == "http",
-    )
+    given = {field: getattr(parsed, field) for field in RunArgs._fields}
+    plain_http = given.pop("oci_scheme") == "http"
+    return RunOptions(child_argv=child_argv, oci_plain_http=plain_http, **given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

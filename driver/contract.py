@@ -8,15 +8,16 @@ environment variables) lives here, importing nothing at all, so that the
 driver's start-up stays as fast as it was. Outside the driver's start-up
 path, import these names from :mod:`driver.protocol`.
 
-The command line is built by :func:`run_argv` and :func:`release_argv` (the
-poller's pod spec uses them) and parsed by ``driver.__main__`` with the same
-constants, so a flag renamed on one side is renamed on both.
+The command line is built by :func:`run_argv` from one table, `RunArgs`, and
+:func:`release_argv` (the poller's pod spec uses them), and parsed by
+``driver.__main__`` into the same names, so an option renamed on one side is
+renamed on both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "CMD_DECODE",
@@ -40,20 +41,11 @@ __all__ = [
     "EXIT_DRIVER_ERROR",
     "EXIT_NO_RESULTS",
     "EXIT_OK",
-    "OPT_GRACE_PERIOD",
-    "OPT_HOLD_SECONDS",
-    "OPT_HUB_DATASETS",
-    "OPT_LOG_COPY",
-    "OPT_OCI_AUTH",
-    "OPT_OCI_PUSH",
-    "OPT_OCI_SCHEME",
-    "OPT_OCI_SUBJECT",
     "OPT_OUTPUT_ROOT",
-    "OPT_PROGRESS_INTERVAL",
-    "OPT_RUN_ID",
-    "OPT_TASK_SOURCES",
+    "RunArgs",
     "driver_command",
     "fetch_s3_argv",
+    "option_flag",
     "release_argv",
     "run_argv",
 ]
@@ -86,26 +78,45 @@ CMD_RELEASE = "release"
 CMD_FETCH_S3 = "fetch-s3"
 END_OF_OPTIONS = "--"
 
-# Options of a run (and OPT_OUTPUT_ROOT of ``release``).
-OPT_OUTPUT_ROOT = "--output-root"
-OPT_RUN_ID = "--run-id"
-OPT_PROGRESS_INTERVAL = "--progress-interval"
-OPT_GRACE_PERIOD = "--grace-period"
-OPT_LOG_COPY = "--log-copy"
-OPT_HOLD_SECONDS = "--hold-seconds"
-# A directory of <name>.commit files, one per task source cloned from Git
-# before the driver started (the poller's init containers write them): the
-# driver reports each name and commit in its started and final markers.
-OPT_TASK_SOURCES = "--task-sources"
-OPT_HUB_DATASETS = "--hub-datasets"
-# spec.outputs.oci: push the results to host[:port]/path:tag after the run
-# (driver.ocipush), optionally attached to the manifest digest --oci-subject,
-# with the credentials of a .dockerconfigjson file; --oci-scheme=http only
-# for a loopback registry.
-OPT_OCI_PUSH = "--oci-push"
-OPT_OCI_SUBJECT = "--oci-subject"
-OPT_OCI_AUTH = "--oci-auth"
-OPT_OCI_SCHEME = "--oci-scheme"
+
+# The options of a run: one table, `RunArgs`, whose field names are the
+# options (``output_root`` is ``--output-root``). `run_argv` writes them,
+# ``driver.__main__`` parses them back into the same names (with the help,
+# types and defaults it shows) and tests/driver/test_contract.py checks that
+# the parser's options are exactly this table's.
+class RunArgs(NamedTuple):
+    """What the poller asks of one run; None leaves the driver's default."""
+
+    # Where the run writes, how it ends, how often it reports (the order of the
+    # fields is the order of the options in the pod's command).
+    output_root: str | None = None
+    grace_period: float | None = None
+    hold_seconds: float | None = None
+    log_copy: str | None = None
+    progress_interval: float | None = None
+    run_id: str | None = None
+    # A directory of <name>.commit files, one per task source cloned from Git
+    # before the driver started (the poller's init containers write them): the
+    # driver reports each name and commit in its started and final markers.
+    task_sources: str | None = None
+    hub_datasets: str | None = None
+    # spec.outputs.oci: push the results to host[:port]/path:tag after the run
+    # (driver.ocipush), optionally attached to the manifest digest oci_subject,
+    # with the credentials of a .dockerconfigjson file; oci_scheme="http" only
+    # for a loopback registry.
+    oci_push: str | None = None
+    oci_subject: str | None = None
+    oci_auth: str | None = None
+    oci_scheme: str | None = None
+
+
+def option_flag(field: str) -> str:
+    """The command-line flag of a `RunArgs` field: ``output_root`` -> ``--output-root``."""
+    return "--" + field.replace("_", "-")
+
+
+# The flag ``release`` shares with a run (the pod's output root).
+OPT_OUTPUT_ROOT: Final = option_flag("output_root")
 
 # Environment variables the driver reads: defaults of --output-root (the pod
 # sets it, so that ``release`` through exec finds the same root) and --run-id.
@@ -132,40 +143,14 @@ def _option(flag: str, value: object) -> str:
     return f"{flag}={value}"
 
 
-def run_argv(
-    command: Sequence[str],
-    child_argv: Sequence[str],
-    *,
-    output_root: str | None = None,
-    grace_period: float | None = None,
-    hold_seconds: float | None = None,
-    log_copy: str | None = None,
-    progress_interval: float | None = None,
-    run_id: str | None = None,
-    task_sources: str | None = None,
-    hub_datasets: str | None = None,
-    oci_push: str | None = None,
-    oci_subject: str | None = None,
-    oci_auth: str | None = None,
-    oci_scheme: str | None = None,
-) -> list[str]:
+def run_argv(command: Sequence[str], child_argv: Sequence[str], args: RunArgs) -> list[str]:
     """The argv of one run: `command` (see :func:`driver_command`), the options
-    given (the driver's defaults for the others), ``--`` and the child's argv."""
-    options: list[tuple[str, object]] = [
-        (OPT_OUTPUT_ROOT, output_root),
-        (OPT_GRACE_PERIOD, grace_period),
-        (OPT_HOLD_SECONDS, hold_seconds),
-        (OPT_LOG_COPY, log_copy),
-        (OPT_PROGRESS_INTERVAL, progress_interval),
-        (OPT_RUN_ID, run_id),
-        (OPT_TASK_SOURCES, task_sources),
-        (OPT_HUB_DATASETS, hub_datasets),
-        (OPT_OCI_PUSH, oci_push),
-        (OPT_OCI_SUBJECT, oci_subject),
-        (OPT_OCI_AUTH, oci_auth),
-        (OPT_OCI_SCHEME, oci_scheme),
+    `args` gives (the driver's defaults for the others), ``--`` and the child's argv."""
+    given = [
+        _option(option_flag(field), value)
+        for field, value in zip(RunArgs._fields, args, strict=True)
+        if value is not None
     ]
-    given = [_option(flag, value) for flag, value in options if value is not None]
     return [*command, *given, END_OF_OPTIONS, *child_argv]
 
 

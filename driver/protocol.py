@@ -69,20 +69,11 @@ from driver.contract import (
     EXIT_DRIVER_ERROR,
     EXIT_NO_RESULTS,
     EXIT_OK,
-    OPT_GRACE_PERIOD,
-    OPT_HOLD_SECONDS,
-    OPT_HUB_DATASETS,
-    OPT_LOG_COPY,
-    OPT_OCI_AUTH,
-    OPT_OCI_PUSH,
-    OPT_OCI_SCHEME,
-    OPT_OCI_SUBJECT,
     OPT_OUTPUT_ROOT,
-    OPT_PROGRESS_INTERVAL,
-    OPT_RUN_ID,
-    OPT_TASK_SOURCES,
+    RunArgs,
     driver_command,
     fetch_s3_argv,
+    option_flag,
     release_argv,
     run_argv,
 )
@@ -161,18 +152,7 @@ __all__ = [
     "MAX_RESULTS_JSON_ELEMENTS",
     "MAX_RESULTS_MARKER_CHARS",
     "MAX_TASKS",
-    "OPT_GRACE_PERIOD",
-    "OPT_HOLD_SECONDS",
-    "OPT_HUB_DATASETS",
-    "OPT_LOG_COPY",
-    "OPT_OCI_AUTH",
-    "OPT_OCI_PUSH",
-    "OPT_OCI_SCHEME",
-    "OPT_OCI_SUBJECT",
     "OPT_OUTPUT_ROOT",
-    "OPT_PROGRESS_INTERVAL",
-    "OPT_RUN_ID",
-    "OPT_TASK_SOURCES",
     "PROTOCOL_VERSION",
     "RESULTS_CHUNK_CHARS",
     "RESULTS_ENCODING",
@@ -186,6 +166,7 @@ __all__ = [
     "ItemsChunkFields",
     "ProgressFields",
     "ResultsChunkFields",
+    "RunArgs",
     "StartedFields",
     "TaskItems",
     "TaskSourceFields",
@@ -203,6 +184,7 @@ __all__ = [
     "log_problem",
     "marker_event",
     "neutralize",
+    "option_flag",
     "parse_results_json",
     "read_complete_fields",
     "read_fields",
@@ -210,7 +192,6 @@ __all__ = [
     "redact_json",
     "redact_text",
     "release_argv",
-    "results_log_problem",
     "run_argv",
     "signal_name",
     "signal_text",
@@ -481,11 +462,6 @@ def log_problem(limits: ChunkLimits, size: int, compressed_size: int) -> str | N
             f"{MAX_INFLATE_RATIO}:1 compression ratio limit"
         )
     return None
-
-
-def results_log_problem(size: int, compressed_size: int) -> str | None:
-    """`log_problem` for results."""
-    return log_problem(RESULTS_LIMITS, size, compressed_size)
 
 
 def encode_chunks(payload: bytes, run_id: str, limits: ChunkLimits) -> list[str]:

@@ -16,7 +16,7 @@ Two things only the actuator can settle are settled here:
 * **refusals for good**: an API error that is not transient (admission,
   quota, an invalid or too large object) would be refused again every
   cycle, so the job fails or finishes saying why; a transient one
-  propagates and the next cycle tries again (`refused_for_good`).
+  propagates and the next cycle tries again (`raise_if_transient`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from poller.jobpod import offline, podspec
 from poller.kube.client import ApiError, Conflict, Kube, NotOwned
 from poller.results import lmeval
 
-__all__ = ["Actuator", "Tally", "refused_for_good"]
+__all__ = ["Actuator", "Tally", "raise_if_transient"]
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +66,12 @@ class Tally(Protocol):
     def add(self, *, patches: int = 0, pods_created: int = 0) -> None: ...
 
 
-def refused_for_good(error: ApiError) -> str:
-    """The apiserver's words for a refusal that will not change.
-
-    A transient error (`ApiError.transient`) is raised again instead: the
-    same request may succeed next cycle.
-    """
+def raise_if_transient(error: ApiError) -> None:
+    """Raise `error` again if it is transient (`ApiError.transient`): the same
+    request may succeed next cycle. Any other is a refusal for good, which the
+    caller words with the apiserver's own message (`error.message`)."""
     if error.transient:
         raise error
-    return error.message
 
 
 class Actuator:
@@ -206,7 +203,8 @@ class Actuator:
             created = self.kube.create_pod(manifest)
         except ApiError as error:
             # Refused for good (admission, quota, invalid): the job cannot run.
-            message = f"the job pod was refused: {refused_for_good(error)}"
+            raise_if_transient(error)
+            message = f"the job pod was refused: {error.message}"
             self._release_kept_claim(job)  # what an earlier attempt wrote there stays
             tally.add(patches=self.writes.fail(job, now, message))
             return None
@@ -229,7 +227,8 @@ class Actuator:
         try:
             found = self.kube.create_claim(claim)
         except ApiError as error:
-            return f"the outputs claim {name} was refused: {refused_for_good(error)}", None
+            raise_if_transient(error)
+            return f"the outputs claim {name} was refused: {error.message}", None
         if found is None:
             return None, None  # made now
         why = not_the_jobs(found, job.uid)
@@ -316,5 +315,6 @@ class Actuator:
         except NotOwned as error:
             return str(error)
         except ApiError as error:
-            return f"ConfigMap {name} was refused: {refused_for_good(error)}"
+            raise_if_transient(error)
+            return f"ConfigMap {name} was refused: {error.message}"
         return None

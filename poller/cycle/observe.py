@@ -56,10 +56,11 @@ from poller.cycle.podio import PodIO
 from poller.cycle.retained import JobKey, RetainedJobs
 from poller.decisions import kueueadmission, outcome
 from poller.decisions.actions import LogRequest, Needs
+from poller.decisions.decide import Observed
 from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
 from poller.decisions.ownership import controller_uid
 from poller.decisions.regression import GateView, ItemsRead, baseline_name
-from poller.decisions.views import ExecView, JobView, LogView, PodView, ProofCheck, QueueSlot
+from poller.decisions.views import ExecView, JobView, LogView, PodView, ProofCheck
 from poller.jobpod import podspec
 from poller.kube.client import ApiError, Kube, NotFound
 from poller.results import lmeval
@@ -73,7 +74,6 @@ __all__ = [
     "MANAGED_SELECTOR",
     "OPENSHIFT_UID_RANGE",
     "Listing",
-    "Observed",
     "Observer",
 ]
 
@@ -148,26 +148,6 @@ class Listing:
         if not job.queue_name or not self.kueue_installed:
             return None
         return KueueView(self.workloads_by_job.get(job.uid))
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Everything one job's decision reads: what `decide` takes, complete."""
-
-    job: JobView
-    pod: PodView | None
-    queue: QueueSlot | None = None
-    # The last window of the pod's log read, when the needs named one.
-    log: LogView | None = None
-    # What the exec'd `cat` of the held results returned, when it ran.
-    exec_view: ExecView | None = None
-    # The first UID of the namespace's OpenShift range, for a pod made now.
-    run_as_user: int | None = None
-    # The job's side of Kueue when Kueue gates it, with the flavors and the
-    # priority class the needs named.
-    kueue: KueueView | None = None
-    # The regression gate's view (spec.gate), with the per-item scores read.
-    gate: GateView | None = None
 
 
 class Observer:
@@ -386,18 +366,11 @@ class Observer:
             return self._views[meta["uid"]]
         return JobView.from_object(obj)
 
-    def gather(
-        self,
-        job: JobView,
-        pod: PodView | None,
-        settings: Settings,
-        needs: Needs,
-        queue: QueueSlot | None = None,
-        kueue: KueueView | None = None,
-        gate: GateView | None = None,
-    ) -> Observed:
-        """Read what `needs` names for `job`, in order: Kueue's flavors and priority
-        class, the namespace, the log, the exec, the gate's per-item scores."""
+    def gather(self, listed: Observed, settings: Settings, needs: Needs) -> Observed:
+        """`listed` (the job, its pod, queue slot, Kueue's and the gate's views, as
+        listed) completed with what `needs` names, read in order: Kueue's flavors
+        and priority class, the namespace, the log, the exec, the gate's per-item scores."""
+        job, pod, kueue, gate = listed.job, listed.pod, listed.kueue, listed.gate
         if kueue is not None and (needs.flavors or needs.priority_class):
             kueue = replace(
                 kueue,
@@ -419,7 +392,14 @@ class Observer:
                 own=self._read_items(job.namespace, job.name, job.uid),
                 base=self._read_items(job.namespace, gate.baseline.name, gate.baseline.uid),
             )
-        return Observed(job, pod, queue, log_view, exec_view, run_as_user, kueue, gate)
+        return replace(
+            listed,
+            log=log_view,
+            exec_view=exec_view,
+            run_as_user=run_as_user,
+            kueue=kueue,
+            gate=gate,
+        )
 
     def _read_items(self, namespace: str, name: str, uid: str) -> ItemsRead:
         """A job's per-item scores from its results ConfigMap, or why there are none.

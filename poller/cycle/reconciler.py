@@ -51,7 +51,7 @@ from poller.api.settings import CONFIGMAP_NAME, Settings, SettingsTracker
 from poller.cycle import poison
 from poller.cycle.act import Actuator
 from poller.cycle.jobseries import JobSeries
-from poller.cycle.observe import Observed, Observer
+from poller.cycle.observe import Observer
 from poller.cycle.podio import PodIO
 from poller.cycle.podproof import PodProof, load_pod_proof
 from poller.cycle.retained import RetainedJobs, record_of
@@ -60,9 +60,8 @@ from poller.cycle.sweep import FinishedSweep, SweepReport
 from poller.decisions import decide as decisions
 from poller.decisions.actions import Decision, Needs
 from poller.decisions.concurrency import plan_queue
-from poller.decisions.kueueadmission import KueueView
-from poller.decisions.regression import GateView
-from poller.decisions.views import JobView, PodView, QueueSlot
+from poller.decisions.decide import Observed
+from poller.decisions.views import JobView, PodView
 from poller.kube.client import Kube
 
 __all__ = ["ACTION_WORKERS", "CycleReport", "Reconciler"]
@@ -215,8 +214,8 @@ class Reconciler:
         # the jobs with something to read or do run on a few threads at once.
         outcomes: list[JobView | Future[JobView]] = []
         # Jobs whose only need is a progress read (within the budget), for after
-        # the transitions: (index into outcomes, when first looked at, needs).
-        progress: list[tuple[int, dt.datetime, Needs]] = []
+        # the transitions: (index into outcomes, as listed, when first looked at, needs).
+        progress: list[tuple[int, Observed, dt.datetime, Needs]] = []
         budget = settings.progress_reads_per_cycle
         with ThreadPoolExecutor(ACTION_WORKERS, thread_name_prefix="lmeval-act") as pool:
             for job in jobs:
@@ -226,32 +225,28 @@ class Reconciler:
                 if job.queue_name and listing.kueue_error is not None:
                     outcomes.append(job)  # never started without knowing its workload
                     continue
-                pod, slot, now = pods_by_job.get(job.uid), queue.get(job.uid), self.clock()
-                kueue = gated.get(job.uid)
-                gate = listing.gate_view(job)
+                pod, now = pods_by_job.get(job.uid), self.clock()
+                kueue, gate = gated.get(job.uid), listing.gate_view(job)
+                listed = Observed(job, pod, queue.get(job.uid), kueue=kueue, gate=gate)
                 progress_due = budget > len(progress) and self._progress_due(job, pod, settings)
-                looked = self._first_look(job, pod, settings, slot, now, progress_due, kueue, gate)
+                looked = self._first_look(listed, settings, now, progress_due)
                 if isinstance(looked, Decision) and not looked.actions:
                     outcomes.append(job)
                 elif isinstance(looked, Needs) and _progress_only(looked):
-                    progress.append((len(outcomes), now, looked))
+                    progress.append((len(outcomes), listed, now, looked))
                     outcomes.append(job)
                 else:
                     acted.add(job.uid)
-                    work = (job, pod, settings, slot, now, looked, report, kueue, gate)
+                    work = (listed, settings, now, looked, report)
                     outcomes.append(pool.submit(self._handle_safely, *work))
         report.snapshot = [i if isinstance(i, JobView) else i.result() for i in outcomes]
-        for index, now, needs in progress:
+        for index, listed, now, needs in progress:
             if report.skipped:
                 break
             if not self.may_act():
                 report.skipped = True
                 break
-            job = report.snapshot[index]
-            pod = pods_by_job.get(job.uid)
-            report.snapshot[index] = self._handle_safely(
-                job, pod, settings, None, now, needs, report, gated.get(job.uid)
-            )
+            report.snapshot[index] = self._handle_safely(listed, settings, now, needs, report)
         self._forget_progress(pods_by_job)
         self._failures.forget_except({job.uid for job in jobs})
         self._keep_finished(report, jobs, acted)
@@ -285,69 +280,34 @@ class Reconciler:
         return self.sweep.step(self.settings, time.monotonic(), whole_round=whole_round)
 
     def _first_look(
-        self,
-        job: JobView,
-        pod: PodView | None,
-        settings: Settings,
-        slot: QueueSlot | None,
-        now: dt.datetime,
-        progress_due: bool,
-        kueue: KueueView | None = None,
-        gate: GateView | None = None,
+        self, listed: Observed, settings: Settings, now: dt.datetime, progress_due: bool
     ) -> FirstLook:
-        """What `job` needs read before deciding; when nothing, its decision."""
+        """What the job `listed` needs read before deciding; when nothing, its decision
+        (the one call of `decide` for it in this cycle, `listed` being complete)."""
         try:
-            needs = decisions.what_to_observe(
-                job,
-                pod,
-                settings,
-                now,
-                queue=slot,
-                progress_due=progress_due,
-                kueue=kueue,
-                gate=gate,
-            )
+            needs = decisions.what_to_observe(listed, settings, now, progress_due=progress_due)
             if needs.any:
                 return needs
-            return self._decide(Observed(job, pod, slot, kueue=kueue, gate=gate), settings, now)
+            return decisions.decide(listed, settings, now)
         except Exception as error:  # recorded for this job by _handle_safely
             return error
 
-    @staticmethod
-    def _decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decision:
-        """The one call of `decide` for a job in a cycle, on complete observations."""
-        return decisions.decide(
-            observed.job,
-            observed.pod,
-            settings,
-            now,
-            observed.log,
-            queue=observed.queue,
-            exec_view=observed.exec_view,
-            run_as_user=observed.run_as_user,
-            kueue=observed.kueue,
-            gate=observed.gate,
-        )
-
     def _handle_safely(
         self,
-        job: JobView,
-        pod: PodView | None,
+        listed: Observed,
         settings: Settings,
-        slot: QueueSlot | None,
         now: dt.datetime,
         looked: FirstLook,
         report: CycleReport,
-        kueue: KueueView | None = None,
-        gate: GateView | None = None,
     ) -> JobView:
         """`_handle`, with an error counted for this job; a job that keeps failing,
         or meets poison, ends Failed (`poller.cycle.poison`) instead of staying as it was."""
+        job, pod = listed.job, listed.pod
         if not self.may_act():  # the lease may be lost while jobs wait for a thread
             report.skipped = True
             return job
         try:
-            current = self._handle(job, pod, settings, slot, now, looked, report, kueue, gate)
+            current = self._handle(listed, settings, now, looked, report)
         except Exception as error:  # one job never stops the others
             self._count_error(report, {"namespace": job.namespace, "name": job.name}, error)
             with report._lock:
@@ -365,17 +325,15 @@ class Reconciler:
 
     def _handle(
         self,
-        job: JobView,
-        pod: PodView | None,
+        listed: Observed,
         settings: Settings,
-        slot: QueueSlot | None,
         now: dt.datetime,
         looked: FirstLook,
         report: CycleReport,
-        kueue: KueueView | None = None,
-        gate: GateView | None = None,
     ) -> JobView:
-        """Observe what `looked` names, decide once, act; returns the job as it now stands."""
+        """Observe what `looked` names, decide once (on `listed` completed with what was
+        read), act; returns the job as it now stands."""
+        job = listed.job
         if isinstance(looked, Exception):
             raise looked
         if isinstance(looked, Decision):
@@ -383,8 +341,8 @@ class Reconciler:
         else:
             if looked.log is not None and looked.log.purpose == "progress":
                 self._progress_read_at[job.uid] = time.monotonic()
-            observed = self.observer.gather(job, pod, settings, looked, slot, kueue, gate)
-            decision = self._decide(observed, settings, now)
+            observed = self.observer.gather(listed, settings, looked)
+            decision = decisions.decide(observed, settings, now)
         return self.actuator.carry_out(job, decision, settings, now, report)
 
     @staticmethod

@@ -1,9 +1,11 @@
 """Decide what to do for one LMEvalJob: a pure function.
 
-``decide(job, pod, settings, now, log, ...)`` looks at the job, its pod (or
-None), the settings, the injected clock and, when ``what_to_observe`` asked
-for them, the decoded log tail, the exec'd results and the namespace's UID,
-and returns the actions that move the job one step along
+``decide(observed, settings, now)`` looks at what was observed of the job
+(`poller.decisions.views.Observed`: the job, its pod or None, its queue slot,
+Kueue's and the gate's views and, when ``what_to_observe`` asked for them,
+the decoded log tail, the exec'd results and the namespace's UID), the
+settings and the injected clock, and returns the actions that move the job
+one step along
 
     New -> Scheduled -> Running -> Complete (Succeeded | Failed | Cancelled)
                  \\-> Suspended -> (resume) -> Scheduled ...
@@ -28,7 +30,7 @@ does no I/O and imports nothing from `kubernetes`.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from poller import api
 from poller.api.settings import Settings
@@ -58,7 +60,12 @@ from poller.decisions.views import ContainerView, ExecView, JobView, LogView, Po
 from poller.jobpod import gittasks, podspec
 from poller.timefmt import seconds_between
 
-__all__ = ["PROGRESS_TAIL_LINES", "decide", "what_to_observe"]
+__all__ = [
+    "PROGRESS_TAIL_LINES",
+    "Observed",
+    "decide",
+    "what_to_observe",
+]
 
 # Progress markers are rate-limited by the driver; the newest is near the end.
 PROGRESS_TAIL_LINES = 60
@@ -76,6 +83,26 @@ _WAITING_CAUSES = (
 C = api.ConditionType
 S = api.JobState
 R = api.JobReason
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one job's decision reads: what `decide` takes, complete."""
+
+    job: JobView
+    pod: PodView | None
+    queue: QueueSlot | None = None
+    # The last window of the pod's log read, when the needs named one.
+    log: LogView | None = None
+    # What the exec'd `cat` of the held results returned, when it ran.
+    exec_view: ExecView | None = None
+    # The first UID of the namespace's OpenShift range, for a pod made now.
+    run_as_user: int | None = None
+    # The job's side of Kueue when Kueue gates it, with the flavors and the
+    # priority class the needs named.
+    kueue: KueueView | None = None
+    # The regression gate's view (spec.gate), with the per-item scores read.
+    gate: GateView | None = None
 
 
 def _remove_pod(pod: PodView | None, settings: Settings) -> list[Action]:
@@ -104,14 +131,9 @@ def _stop(
     return Decision(draft.actions(before=_remove_pod(pod, settings)))
 
 
-def _suspend(
-    job: JobView,
-    pod: PodView | None,
-    settings: Settings,
-    now: dt.datetime,
-    kueue: KueueView | None = None,
-) -> Decision:
+def _suspend(observed: Observed, settings: Settings, now: dt.datetime) -> Decision:
     # A job under Kueue gives its workload up (and its quota); resuming queues a new one.
+    job, pod, kueue = observed.job, observed.pod, observed.kueue
     workload = kueue.workload if kueue is not None else None
     give_up: list[Action] = []
     if workload is not None and not workload.deleting:
@@ -142,14 +164,9 @@ def _finish_workload(
     return [PatchWorkloadStatus(workload.name, patch, workload.resource_version)]
 
 
-def _retention(
-    job: JobView,
-    settings: Settings,
-    now: dt.datetime,
-    kueue: KueueView | None = None,
-    gate: GateView | None = None,
-) -> Decision:
-    finish = _finish_workload(job.status, kueue, now)
+def _retention(observed: Observed, settings: Settings, now: dt.datetime) -> Decision:
+    job, gate = observed.job, observed.gate
+    finish = _finish_workload(job.status, observed.kueue, now)
     kept = _kept(job, settings, now)
     if kept.actions or gate is None:
         return Decision([*finish, *kept.actions])
@@ -216,28 +233,24 @@ def _pending(job: JobView, pod: PodView, settings: Settings, now: dt.datetime) -
 
 
 def what_to_observe(
-    job: JobView,
-    pod: PodView | None,
-    settings: Settings,
-    now: dt.datetime,
-    *,
-    queue: QueueSlot | None = None,
-    progress_due: bool = False,
-    kueue: KueueView | None = None,
-    gate: GateView | None = None,
+    observed: Observed, settings: Settings, now: dt.datetime, *, progress_due: bool = False
 ) -> Needs:
-    """What `decide` will need beyond the job and its pod, read before it runs. Pure.
+    """What `decide` will need beyond what was listed, read before it runs. Pure.
 
-    A pod about to be made needs the namespace's UID range; a terminated
-    container, its log (from `outcome.first_results_window`, widened by the
-    rule of `outcome.next_results_window`); a running one, when
+    `observed` holds the listed parts only: the job, its pod, its queue slot,
+    Kueue's and the gate's views (the parts read after, by what this
+    returns, are None). A pod about to be made needs the namespace's UID
+    range; a terminated container, its log (from
+    `outcome.first_results_window`, widened by the rule of
+    `outcome.next_results_window`); a running one, when
     `progress_due` (the cycle's rate limiter), its log's last
     PROGRESS_TAIL_LINES lines, and in exec mode the results file the driver
     holds, if that log shows it holding one (`outcome.results_to_exec`); a
     finished gated job (`gate`), both jobs' per-item scores when its gate
     needs them (`poller.decisions.regression.needs_items`).
     """
-    step = route(job, pod, now, queue, kueue)
+    job, pod, kueue, gate = observed.job, observed.pod, observed.kueue, observed.gate
+    step = route(job, pod, now, observed.queue, kueue)
     if step is Step.RETENTION and gate is not None and not _kept(job, settings, now).actions:
         return Needs(gate_items=regression.needs_items(job, gate))
     if step is Step.SCHEDULE:
@@ -254,31 +267,20 @@ def what_to_observe(
     return Needs()
 
 
-def decide(
-    job: JobView,
-    pod: PodView | None,
-    settings: Settings,
-    now: dt.datetime,
-    log: LogView | None = None,
-    *,
-    queue: QueueSlot | None = None,
-    exec_view: ExecView | None = None,
-    run_as_user: int | None = None,
-    kueue: KueueView | None = None,
-    gate: GateView | None = None,
-) -> Decision:
-    """The actions that move `job` toward what it asks and what its pod shows. Pure.
+def decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decision:
+    """The actions that move `observed.job` toward what it asks and what its pod shows. Pure.
 
-    Called once per job and cycle, with what `what_to_observe` asked for:
-    `log` the last window of the pod's log read, `exec_view` what an exec'd
-    `cat` of the held results returned, `run_as_user` the namespace's
-    OpenShift UID (for a pod made now), if any. `queue` is set when the job
-    waits for a free slot (max-running-jobs); `kueue` when the job is under
-    Kueue (`poller.decisions.kueueadmission`), with what `what_to_observe` asked of it;
-    `gate` when it has a regression gate (`poller.decisions.regression`), with the per-item
-    scores read.
+    Called once per job and cycle, on `observed` completed with what
+    `what_to_observe` asked for: `log` the last window of the pod's log read,
+    `exec_view` what an exec'd `cat` of the held results returned,
+    `run_as_user` the namespace's OpenShift UID (for a pod made now), if any.
+    `queue` is set when the job waits for a free slot (max-running-jobs);
+    `kueue` when the job is under Kueue (`poller.decisions.kueueadmission`), with what
+    `what_to_observe` asked of it; `gate` when it has a regression gate
+    (`poller.decisions.regression`), with the per-item scores read.
     """
-    decision = _decide(job, pod, settings, now, log, queue, exec_view, run_as_user, kueue, gate)
+    decision = _decide(observed, settings, now)
+    kueue = observed.kueue
     if kueue is None or any(isinstance(a, PatchWorkloadStatus) for a in decision.actions):
         return decision  # (a finished job's retention marks its workload itself)
     # A job that finishes now frees its Kueue quota in the same breath, before
@@ -293,26 +295,16 @@ def decide(
     return decision
 
 
-def _decide(
-    job: JobView,
-    pod: PodView | None,
-    settings: Settings,
-    now: dt.datetime,
-    log: LogView | None,
-    queue: QueueSlot | None,
-    exec_view: ExecView | None,
-    run_as_user: int | None,
-    kueue: KueueView | None,
-    gate: GateView | None = None,
-) -> Decision:
+def _decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decision:
     """`decide`, before a finishing job's workload is marked Finished."""
+    job, pod, queue, kueue = observed.job, observed.pod, observed.queue, observed.kueue
     step = route(job, pod, now, queue, kueue)
     if step is Step.NOTHING:
         return Decision()
     if step is Step.RETENTION:
-        return _retention(job, settings, now, kueue, gate)
+        return _retention(observed, settings, now)
     if kueue is not None and step.name.startswith("KUEUE_"):
-        return _gated(step, job, pod, settings, now, kueue)
+        return _gated(step, observed, kueue, settings, now)
     if step is Step.UNREADABLE:
         message = f"the poller cannot read this LMEvalJob: {job.problem}"
         return decide_failure(job, now, message, cause="UnreadableJob")
@@ -328,9 +320,9 @@ def _decide(
     if step is Step.CANCEL:
         return _stop(job, pod, settings, now, R.CANCELLED, "cancelled: spec.cancel is true")
     if step is Step.SUSPEND:
-        return _suspend(job, pod, settings, now, kueue)
+        return _suspend(observed, settings, now)
     if step is Step.SCHEDULE:
-        return schedule(job, settings, now, run_as_user, kueue)
+        return schedule(job, settings, now, observed.run_as_user, kueue)
     if step is Step.OVERDUE:
         overdue = deadline_exceeded(job, now) or ""
         return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")
@@ -341,19 +333,14 @@ def _decide(
         return decide_failure(
             job, now, f"pod {pod_name} was deleted before the evaluation finished"
         )
-    return _decide_with_pod(step, job, pod, settings, now, log, exec_view)
+    return _decide_with_pod(step, observed, pod, settings, now)
 
 
 def _decide_with_pod(
-    step: Step,
-    job: JobView,
-    pod: PodView,
-    settings: Settings,
-    now: dt.datetime,
-    log: LogView | None,
-    exec_view: ExecView | None,
+    step: Step, observed: Observed, pod: PodView, settings: Settings, now: dt.datetime
 ) -> Decision:
-    """`decide` for the steps that have a pod."""
+    """`decide` for the steps that have a pod (`pod`: `observed.pod`, there)."""
+    job = observed.job
     if step is Step.FOREIGN_POD:
         # Never read, archive or delete a pod the poller did not make.
         why = judge_pod(job, pod)[1]
@@ -371,7 +358,7 @@ def _decide_with_pod(
         message = f"pod {pod.name} was evicted: {pod.message or 'no message'}"
         return _stop(job, pod, settings, now, R.FAILED, message, cause="Evicted")
     if step is Step.FINISHED:
-        return outcome.complete(job, pod, settings, now, log)
+        return outcome.complete(job, pod, settings, now, observed.log)
     if step is Step.ENDED_EARLY:
         # Ended without the main container ever running (e.g. the driver's
         # init container failed): nothing will change any more.
@@ -390,20 +377,15 @@ def _decide_with_pod(
     if step is Step.STARTING:
         stuck = _pending(job, pod, settings, now)
         return stuck if stuck is not None else Decision(draft.actions())
-    return _running(job, pod, settings, now, log, exec_view, draft)
+    return _running(observed, pod, settings, now, draft)
 
 
 def _running(
-    job: JobView,
-    pod: PodView,
-    settings: Settings,
-    now: dt.datetime,
-    log: LogView | None,
-    exec_view: ExecView | None,
-    draft: StatusDraft,
+    observed: Observed, pod: PodView, settings: Settings, now: dt.datetime, draft: StatusDraft
 ) -> Decision:
-    """The main container runs: Running, its progress when the log was read, and in
-    exec mode the results the driver holds and the release of its hold."""
+    """The main container runs (`pod`: `observed.pod`): Running, its progress when the
+    log was read, and in exec mode the results the driver holds and the release of its hold."""
+    job, log = observed.job, observed.log
     if draft.fields.get("state") != S.RUNNING.value:
         draft.state(S.RUNNING, R.NO_REASON, "evaluation running")
     draft.condition(C.RUNNING, True, "ContainerRunning", "the evaluation container runs")
@@ -417,7 +399,7 @@ def _running(
     if mismatch is not None:
         cause = outcome.TASK_SOURCE_MISMATCH
         return _stop(job, pod, settings, now, R.FAILED, mismatch, cause=cause)
-    held = outcome.holding(job, pod, settings, log, exec_view, draft) or []
+    held = outcome.holding(job, pod, settings, log, observed.exec_view, draft) or []
     before: list[Action] = [a for a in held if isinstance(a, StoreResults)]
     releases = [a for a in held if isinstance(a, ReleaseHold)]
     return Decision([*draft.actions(before=before), *releases])
@@ -439,15 +421,11 @@ def _kueue_wait(
 
 
 def _gated(
-    step: Step,
-    job: JobView,
-    pod: PodView | None,
-    settings: Settings,
-    now: dt.datetime,
-    kueue: KueueView,
+    step: Step, observed: Observed, kueue: KueueView, settings: Settings, now: dt.datetime
 ) -> Decision:
-    """`decide` for the steps under Kueue's gate (`poller.decisions.kueueadmission`)."""
-    workload = kueue.workload
+    """`decide` for the steps under Kueue's gate (`poller.decisions.kueueadmission`;
+    `kueue`: `observed.kueue`, there)."""
+    job, workload = observed.job, kueue.workload
     if step is Step.KUEUE_SUBMIT:
         made = job_pod(job, settings, now, None)
         if isinstance(made, Decision):
@@ -484,5 +462,5 @@ def _gated(
         message = kueueadmission.stop_message(workload) + "; the job is back in Kueue's queue"
         draft = _kueue_wait(job, workload, now, message)
         draft.condition(C.RUNNING, False, kueueadmission.waiting_reason(workload), message)
-        return Decision(draft.actions(before=_remove_pod(pod, settings)))
+        return Decision(draft.actions(before=_remove_pod(observed.pod, settings)))
     return Decision(_kueue_wait(job, workload, now).actions())

@@ -1,4 +1,5 @@
-"""Frozen views of what a cycle observed: jobs, pods, a log window, exec'd results.
+"""Frozen views of what a cycle observed: jobs, pods, a log window, exec'd results,
+and `Observed`, all that one job's decision reads, together.
 
 The API layer turns raw API objects into these small frozen views, and the
 decision functions read only them (what they return is in

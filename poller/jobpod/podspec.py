@@ -428,16 +428,18 @@ def _main_container(
         # -P: lm_eval's working directory (the hub view of a shared cache, see
         # driver.hubview) never comes first on sys.path.
         ["python", "-P", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
-        output_root=OUTPUT_ROOT,
-        grace_period=DRIVER_GRACE_SECONDS,
-        hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
-        log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
-        task_sources=gittasks.CLONE_ROOT if gittasks.git_sources(spec) else None,
-        hub_datasets=offline.hub_datasets(spec),
-        oci_push=oci.push,
-        oci_subject=oci.subject,
-        oci_auth=oci.auth,
-        oci_scheme=oci.scheme,
+        protocol.RunArgs(
+            output_root=OUTPUT_ROOT,
+            grace_period=DRIVER_GRACE_SECONDS,
+            hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
+            log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
+            task_sources=gittasks.CLONE_ROOT if gittasks.git_sources(spec) else None,
+            hub_datasets=offline.hub_datasets(spec),
+            oci_push=oci.push,
+            oci_subject=oci.subject,
+            oci_auth=oci.auth,
+            oci_scheme=oci.scheme,
+        ),
     )
     main: dict[str, Any] = {
         "name": MAIN_CONTAINER,

@@ -107,7 +107,7 @@ def test_every_marker_the_driver_writes_has_its_typed_payload(
 
 
 def test_a_usage_error_is_a_typed_final_marker(env: dict[str, str]) -> None:
-    run = run_driver([f"{protocol.OPT_GRACE_PERIOD}=soon"], fake_child("pass"), env)
+    run = run_driver([f"{protocol.option_flag('grace_period')}=soon"], fake_child("pass"), env)
     assert run.returncode == protocol.EXIT_DRIVER_ERROR
     (body,) = _bodies(run.out)
     assert body["event"] == "failed"
@@ -139,12 +139,14 @@ def test_run_argv_round_trips_through_the_driver_parser(tmp_path: Path) -> None:
     argv = protocol.run_argv(
         protocol.driver_command(),
         child,
-        output_root=str(tmp_path),
-        grace_period=20,
-        hold_seconds=2.5,
-        log_copy="/outputs/pod.log",
-        progress_interval=1,
-        run_id="job-1",
+        protocol.RunArgs(
+            output_root=str(tmp_path),
+            grace_period=20,
+            hold_seconds=2.5,
+            log_copy="/outputs/pod.log",
+            progress_interval=1,
+            run_id="job-1",
+        ),
     )
     assert argv[0] == protocol.DRIVER_PROGRAM
     options = cli.parse_run_options(argv[1:])
@@ -158,11 +160,26 @@ def test_run_argv_round_trips_through_the_driver_parser(tmp_path: Path) -> None:
 def test_run_argv_leaves_the_driver_defaults_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_OUTPUT_ROOT, "/from/env")
     monkeypatch.delenv(protocol.ENV_RUN_ID, raising=False)
-    argv = protocol.run_argv(protocol.driver_command("python"), ["lm_eval"])
+    argv = protocol.run_argv(protocol.driver_command("python"), ["lm_eval"], protocol.RunArgs())
     assert argv == ["python", "-m", protocol.DRIVER_MODULE, protocol.END_OF_OPTIONS, "lm_eval"]
     options = cli.parse_run_options(argv[3:])
     assert options.output_root == "/from/env" and options.run_id is None
     assert (options.grace_period, options.hold_seconds, options.log_copy) == (20.0, 0.0, None)
+
+
+def test_the_drivers_options_are_the_one_table() -> None:
+    # The parser's options are exactly RunArgs's fields, under the same names:
+    # an option added, renamed or removed on one side fails here.
+    parser = cli._run_parser()
+    flags = {
+        flag
+        for action in parser._actions
+        for flag in action.option_strings
+        if flag not in ("-h", "--help", "--version")
+    }
+    assert flags == {protocol.option_flag(field) for field in protocol.RunArgs._fields}
+    dests = {a.dest for a in parser._actions} - {"help", "version"}
+    assert dests == set(protocol.RunArgs._fields)
 
 
 def test_release_argv_releases_the_same_root(

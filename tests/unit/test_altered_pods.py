@@ -19,6 +19,7 @@ from typing import Any
 from poller import api
 from poller.decisions import decide
 from poller.decisions.actions import DeletePod, PatchStatus
+from poller.decisions.decide import Observed
 from poller.decisions.ownership import PodTrust, judge_pod
 from poller.decisions.views import PodView, pod_fingerprint
 from tests.unit.test_decide import NOW, SETTINGS, condition, job, pod, running_status, status_of
@@ -103,9 +104,9 @@ def test_an_altered_pod_fails_the_job_is_deleted_and_is_never_read() -> None:
     swapped = replace(
         pod("terminated", exit_code=0), fingerprint=pod_fingerprint({"containers": [{"name": "x"}]})
     )
-    needs = decide.what_to_observe(current, swapped, SETTINGS, NOW)
+    needs = decide.what_to_observe(Observed(current, swapped), SETTINGS, NOW)
     assert not needs.any
-    decision = decide.decide(current, swapped, SETTINGS, NOW)
+    decision = decide.decide(Observed(current, swapped), SETTINGS, NOW)
     assert [type(a) for a in decision.actions][:1] == [DeletePod]
     assert any(isinstance(a, PatchStatus) for a in decision.actions)
     status = status_of(decision)
@@ -119,6 +120,6 @@ def test_a_new_attempt_forgets_the_last_fingerprint() -> None:
     suspended = job(
         {"state": "Suspended", "podAttempt": 1, "podFingerprint": pod_fingerprint(SPEC)},
     )
-    decision = decide.decide(suspended, None, SETTINGS, NOW + dt.timedelta(seconds=1))
+    decision = decide.decide(Observed(suspended, None), SETTINGS, NOW + dt.timedelta(seconds=1))
     status = status_of(decision)
     assert status.pod_attempt == 2 and status.pod_fingerprint is None

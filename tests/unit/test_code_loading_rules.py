@@ -41,6 +41,7 @@ from poller.api import rules as specrules
 from poller.api.settings import Settings
 from poller.decisions import decide
 from poller.decisions.actions import CreatePod, PatchStatus
+from poller.decisions.decide import Observed
 from poller.decisions.views import JobView
 from poller.jobpod import argv as podargv
 from poller.jobpod import podspec
@@ -302,7 +303,7 @@ def test_a_job_stored_under_an_older_schema_ends_failed_with_the_same_words() ->
             "status": {},
         }
     )
-    decision = decide.decide(stored, None, Settings(), now)
+    decision = decide.decide(Observed(stored, None), Settings(), now)
     assert not any(isinstance(a, CreatePod) for a in decision.actions)
     (patch,) = (a for a in decision.actions if isinstance(a, PatchStatus))
     assert patch.status.reason == api.JobReason.FAILED

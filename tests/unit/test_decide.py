@@ -36,10 +36,18 @@ from poller.decisions.actions import (
     ReleaseHold,
     StoreResults,
 )
+from poller.decisions.decide import Observed
 from poller.decisions.draft import set_condition
 from poller.decisions.ownership import PodTrust, judge_pod
 from poller.decisions.scheduling import EXACT_QUEUE_POSITIONS, queue_message
-from poller.decisions.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
+from poller.decisions.views import (
+    ContainerView,
+    ExecView,
+    JobView,
+    LogView,
+    PodView,
+    QueueSlot,
+)
 from poller.timefmt import format_time
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
@@ -133,7 +141,7 @@ def condition(status: api.LMEvalJobStatus, kind: str) -> api.Condition:
 
 
 def test_new_job_gets_a_pod_and_scheduled_status() -> None:
-    decision = decide.decide(job(), None, SETTINGS, NOW)
+    decision = decide.decide(Observed(job(), None), SETTINGS, NOW)
     create, patch = decision.actions[0], decision.actions[1]
     assert isinstance(create, CreatePod) and isinstance(patch, PatchStatus)
     assert create.manifest["metadata"]["name"] == patch.status.pod_name
@@ -145,7 +153,7 @@ def test_new_job_gets_a_pod_and_scheduled_status() -> None:
 
 
 def test_invalid_spec_fails_without_a_pod() -> None:
-    decision = decide.decide(job(limit="x"), None, SETTINGS, NOW)
+    decision = decide.decide(Observed(job(limit="x"), None), SETTINGS, NOW)
     assert not any(isinstance(a, CreatePod) for a in decision.actions)
     status = status_of(decision)
     assert status.reason == api.JobReason.FAILED and "spec.limit" in (status.message or "")
@@ -153,28 +161,33 @@ def test_invalid_spec_fails_without_a_pod() -> None:
 
 def test_running_container_sets_running_once() -> None:
     first = status_of(
-        decide.decide(job({"state": "Scheduled", "podName": "eval-abc123"}), pod(), SETTINGS, NOW)
+        decide.decide(
+            Observed(job({"state": "Scheduled", "podName": "eval-abc123"}), pod()), SETTINGS, NOW
+        )
     )
     assert first.state == api.JobState.RUNNING
     again = job(first.model_dump(by_alias=True, exclude_none=True, mode="json"))
     later = NOW + dt.timedelta(minutes=1)
-    assert decide.decide(again, pod(), SETTINGS, later).actions == []
+    assert decide.decide(Observed(again, pod()), SETTINGS, later).actions == []
 
 
 def test_adopts_a_pod_made_before_a_crash() -> None:
     # The poller made attempt 1 and died before writing the status: recorded now.
-    decision = decide.decide(job(), pod(), SETTINGS, NOW)
+    decision = decide.decide(Observed(job(), pod()), SETTINGS, NOW)
     assert not any(isinstance(a, CreatePod | DeletePod) for a in decision.actions)
     status = status_of(decision)
     assert status.pod_name == "eval-abc123" and status.state == api.JobState.SCHEDULED
     assert (status.pod_uid, status.pod_attempt) == ("pod-uid", 1)
     again = job(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
-    assert status_of(decide.decide(again, pod(), SETTINGS, NOW)).state == api.JobState.RUNNING
+    assert (
+        status_of(decide.decide(Observed(again, pod()), SETTINGS, NOW)).state
+        == api.JobState.RUNNING
+    )
 
 
 def test_a_new_pod_is_the_next_attempt_and_its_uid_is_left_to_the_actuator() -> None:
     resumed = job({"state": "Suspended", "podName": "eval-abc123", "podAttempt": 2})
-    decision = decide.decide(resumed, None, SETTINGS, NOW)
+    decision = decide.decide(Observed(resumed, None), SETTINGS, NOW)
     create = decision.actions[0]
     assert isinstance(create, CreatePod) and create.attempt == 3
     status = status_of(decision)
@@ -184,7 +197,9 @@ def test_a_new_pod_is_the_next_attempt_and_its_uid_is_left_to_the_actuator() -> 
 def test_a_pod_an_older_poller_made_is_adopted_as_attempt_zero() -> None:
     # Upgrade: the status has no attempt yet; the pod predates the key (attempt 0).
     legacy = job(running_status(podAttempt=None, podUID=None))
-    status = status_of(decide.decide(legacy, replace(pod(), proof_attempt=0), SETTINGS, NOW))
+    status = status_of(
+        decide.decide(Observed(legacy, replace(pod(), proof_attempt=0)), SETTINGS, NOW)
+    )
     assert (status.pod_attempt, status.pod_uid) == (0, "pod-uid")
     assert status.state == api.JobState.RUNNING
     again = job(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
@@ -194,7 +209,7 @@ def test_a_pod_an_older_poller_made_is_adopted_as_attempt_zero() -> None:
 def test_a_pod_made_at_resume_before_a_crash_is_adopted_not_waited_for() -> None:
     suspended = {"state": "Suspended", "podName": "eval-abc123", "suspendTime": format_time(NOW)}
     fresh = replace(pod(), uid="pod-2", proof_attempt=2)
-    status = status_of(decide.decide(job(suspended), fresh, SETTINGS, NOW))
+    status = status_of(decide.decide(Observed(job(suspended), fresh), SETTINGS, NOW))
     assert status.state == api.JobState.SCHEDULED
     assert (status.pod_uid, status.pod_attempt) == ("pod-2", 2)
 
@@ -212,7 +227,7 @@ def test_a_pod_the_poller_did_not_make_fails_the_job_and_is_left_alone(
     changes: dict[str, Any], status_extra: dict[str, Any], words: str
 ) -> None:
     foreign = replace(pod("terminated", exit_code=0), **changes)
-    decision = decide.decide(job(running_status(**status_extra)), foreign, SETTINGS, NOW)
+    decision = decide.decide(Observed(job(running_status(**status_extra)), foreign), SETTINGS, NOW)
     assert all(isinstance(a, PatchStatus | PostEvent) for a in decision.actions)
     status = status_of(decision)
     assert status.reason == api.JobReason.FAILED
@@ -223,18 +238,18 @@ def test_a_pod_the_poller_did_not_make_fails_the_job_and_is_left_alone(
 
 def test_terminated_container_asks_for_the_log_first() -> None:
     needs = decide.what_to_observe(
-        job(running_status()), pod("terminated", exit_code=0), SETTINGS, NOW
+        Observed(job(running_status()), pod("terminated", exit_code=0)), SETTINGS, NOW
     )
     assert needs == Needs(log=LogRequest("eval-abc123", "lmeval", outcome.FIRST_TAIL_LINES))
 
 
 def test_success_stores_results_before_the_status() -> None:
     decision = decide.decide(
-        job(running_status()),
-        pod("terminated", exit_code=0),
+        Observed(
+            job(running_status()), pod("terminated", exit_code=0), log=log_view(completed_log())
+        ),
         SETTINGS,
         NOW,
-        log_view(completed_log()),
     )
     store, patch = decision.actions[0], decision.actions[1]
     assert isinstance(store, StoreResults) and isinstance(patch, PatchStatus)
@@ -287,7 +302,9 @@ def test_outcomes(
 ) -> None:
     status = status_of(
         decide.decide(
-            job(running_status()), pod("terminated", **main), SETTINGS, NOW, log_view(lines)
+            Observed(job(running_status()), pod("terminated", **main), log=log_view(lines)),
+            SETTINGS,
+            NOW,
         )
     )
     assert status.state == api.JobState.COMPLETE and status.reason == reason
@@ -297,11 +314,13 @@ def test_outcomes(
 def test_unreadable_log_is_named_in_the_message() -> None:
     status = status_of(
         decide.decide(
-            job(running_status()),
-            pod("terminated", exit_code=0),
+            Observed(
+                job(running_status()),
+                pod("terminated", exit_code=0),
+                log=log_view([], unavailable="node gone"),
+            ),
             SETTINGS,
             NOW,
-            log_view([], unavailable="node gone"),
         )
     )
     assert "log unavailable: node gone" in (status.message or "")
@@ -316,7 +335,9 @@ def test_cut_log_asks_for_a_longer_tail() -> None:
     window = outcome.next_results_window(finished, log_view(cut, tail=len(cut)))
     assert window == 4 * len(cut)
     # The whole log was read (fewer lines than asked): no point in asking again.
-    whole = decide.decide(job(running_status()), finished, SETTINGS, NOW, log_view(cut, tail=400))
+    whole = decide.decide(
+        Observed(job(running_status()), finished, log=log_view(cut, tail=400)), SETTINGS, NOW
+    )
     assert "log starts after" in (status_of(whole).message or "")
 
 
@@ -326,29 +347,35 @@ def test_finished_job_is_left_alone_until_its_ttl() -> None:
         "reason": "Succeeded",
         "completeTime": format_time(NOW - dt.timedelta(seconds=30)),
     }
-    assert decide.decide(job(done), pod("terminated", exit_code=0), SETTINGS, NOW).actions == []
-    assert decide.decide(job(done, ttlSecondsAfterFinished=60), None, SETTINGS, NOW).actions == []
-    assert decide.decide(job(done, ttlSecondsAfterFinished=10), None, SETTINGS, NOW).actions == [
-        DeleteJob()
-    ]
+    assert (
+        decide.decide(Observed(job(done), pod("terminated", exit_code=0)), SETTINGS, NOW).actions
+        == []
+    )
+    assert (
+        decide.decide(Observed(job(done, ttlSecondsAfterFinished=60), None), SETTINGS, NOW).actions
+        == []
+    )
+    assert decide.decide(
+        Observed(job(done, ttlSecondsAfterFinished=10), None), SETTINGS, NOW
+    ).actions == [DeleteJob()]
     by_default = Settings.model_validate({"default-ttl-seconds-after-finished": "5"})
-    assert decide.decide(job(done), None, by_default, NOW).actions == [DeleteJob()]
+    assert decide.decide(Observed(job(done), None), by_default, NOW).actions == [DeleteJob()]
 
 
 def test_vanished_pod_fails_and_is_not_recreated() -> None:
-    decision = decide.decide(job(running_status()), None, SETTINGS, NOW)
+    decision = decide.decide(Observed(job(running_status()), None), SETTINGS, NOW)
     assert not any(isinstance(a, CreatePod) for a in decision.actions)
     assert "deleted before the evaluation finished" in (status_of(decision).message or "")
 
 
 def test_evicted_pod_fails_with_its_message() -> None:
     evicted = pod("running", phase="Failed", pod_reason="Evicted", pod_message="low on memory")
-    status = status_of(decide.decide(job(running_status()), evicted, SETTINGS, NOW))
+    status = status_of(decide.decide(Observed(job(running_status()), evicted), SETTINGS, NOW))
     assert status.message == "pod eval-abc123 was evicted: low on memory"
 
 
 def test_cancel_archives_then_deletes_the_pod() -> None:
-    decision = decide.decide(job(running_status(), cancel=True), pod(), SETTINGS, NOW)
+    decision = decide.decide(Observed(job(running_status(), cancel=True), pod()), SETTINGS, NOW)
     assert decision.actions[:2] == [
         ArchiveLog("eval-abc123", "lmeval", 64 * 1024),
         DeletePod("eval-abc123"),
@@ -358,22 +385,22 @@ def test_cancel_archives_then_deletes_the_pod() -> None:
 
 def test_seed_style_cancelled_state_is_a_cancel_request() -> None:
     decision = decide.decide(
-        job({"state": "Cancelled", "podName": "eval-abc123"}), pod(), SETTINGS, NOW
+        Observed(job({"state": "Cancelled", "podName": "eval-abc123"}), pod()), SETTINGS, NOW
     )
     assert DeletePod("eval-abc123") in decision.actions
     assert status_of(decision).state == api.JobState.COMPLETE
 
 
 def test_suspend_then_resume_counts_the_pause() -> None:
-    suspended = decide.decide(job(running_status(), suspend=True), pod(), SETTINGS, NOW)
+    suspended = decide.decide(Observed(job(running_status(), suspend=True), pod()), SETTINGS, NOW)
     assert DeletePod("eval-abc123") in suspended.actions
     paused = status_of(suspended)
     assert paused.state == api.JobState.SUSPENDED and paused.suspend_time == format_time(NOW)
     as_dict = paused.model_dump(by_alias=True, exclude_none=True, mode="json")
     # The old pod is still terminating: wait, do not create a second one.
-    assert decide.decide(job(as_dict), pod(deleting=True), SETTINGS, NOW).actions == []
+    assert decide.decide(Observed(job(as_dict), pod(deleting=True)), SETTINGS, NOW).actions == []
     later = NOW + dt.timedelta(seconds=90)
-    resumed = decide.decide(job(as_dict), None, SETTINGS, later)
+    resumed = decide.decide(Observed(job(as_dict), None), SETTINGS, later)
     assert isinstance(resumed.actions[0], CreatePod)
     status = status_of(resumed)
     assert status.suspended_seconds == 90 and status.suspend_time is None
@@ -384,10 +411,11 @@ def test_deadline_excludes_suspended_time() -> None:
     started = format_time(NOW - dt.timedelta(seconds=100))
     within = job(running_status(startTime=started, suspendedSeconds=50), activeDeadlineSeconds=60)
     assert not any(
-        isinstance(a, DeletePod) for a in decide.decide(within, pod(), SETTINGS, NOW).actions
+        isinstance(a, DeletePod)
+        for a in decide.decide(Observed(within, pod()), SETTINGS, NOW).actions
     )
     over = job(running_status(startTime=started, suspendedSeconds=10), activeDeadlineSeconds=60)
-    decision = decide.decide(over, pod(), SETTINGS, NOW)
+    decision = decide.decide(Observed(over, pod()), SETTINGS, NOW)
     assert DeletePod("eval-abc123") in decision.actions
     assert (status_of(decision).message or "").startswith("DeadlineExceeded")
 
@@ -416,7 +444,9 @@ def test_deadline_excludes_suspended_time() -> None:
 )
 def test_pending_too_long(stuck: PodView, cause: str, words: str) -> None:
     status = status_of(
-        decide.decide(job({"state": "Scheduled", "podName": stuck.name}), stuck, SETTINGS, NOW)
+        decide.decide(
+            Observed(job({"state": "Scheduled", "podName": stuck.name}), stuck), SETTINGS, NOW
+        )
     )
     assert words in (status.message or "")
     assert condition(status, "Finished").reason == cause
@@ -437,17 +467,17 @@ def test_image_pull_backoff_within_timeout_waits() -> None:
     scheduled = {"state": "Scheduled", "podName": "eval-abc123"}
     assert all(
         not isinstance(a, DeletePod)
-        for a in decide.decide(job(scheduled), waiting, SETTINGS, NOW).actions
+        for a in decide.decide(Observed(job(scheduled), waiting), SETTINGS, NOW).actions
     )
     late = NOW + dt.timedelta(seconds=SETTINGS.pod_pending_timeout + 1)
-    status = status_of(decide.decide(job(scheduled), waiting, SETTINGS, late))
+    status = status_of(decide.decide(Observed(job(scheduled), waiting), SETTINGS, late))
     assert condition(status, "Finished").reason == "ImagePullBackOff"
     assert "ImagePullBackOff: img" in (status.message or "")
 
 
 def test_queued_job_learns_its_place() -> None:
     status = status_of(
-        decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(position=2, limit=1))
+        decide.decide(Observed(job(), None, queue=QueueSlot(position=2, limit=1)), SETTINGS, NOW)
     )
     assert status.state == api.JobState.NEW
     scheduled = condition(status, "Scheduled")
@@ -465,21 +495,23 @@ def test_a_moving_queue_rewrites_only_the_jobs_near_its_head() -> None:
     assert changed == EXACT_QUEUE_POSITIONS
     assert before[-1] == "waiting for a free slot: more than 10 jobs ahead (max-running-jobs: 1)"
     # And through decide: a job far back that moves up one place writes nothing.
-    first = status_of(decide.decide(job(), None, SETTINGS, NOW, queue=QueueSlot(51, 1)))
+    first = status_of(decide.decide(Observed(job(), None, queue=QueueSlot(51, 1)), SETTINGS, NOW))
     queued = job(first.model_dump(by_alias=True, exclude_none=True, mode="json"))
     moved = QueueSlot(50, 1)
-    assert decide.decide(queued, None, SETTINGS, NOW, queue=moved).actions == []
+    assert decide.decide(Observed(queued, None, queue=moved), SETTINGS, NOW).actions == []
 
 
 def test_progress_read_is_requested_only_when_due() -> None:
-    settled = status_of(decide.decide(job(running_status()), pod(), SETTINGS, NOW))
+    settled = status_of(decide.decide(Observed(job(running_status()), pod()), SETTINGS, NOW))
     running = job(settled.model_dump(by_alias=True, exclude_none=True, mode="json"))
-    assert decide.decide(running, pod(), SETTINGS, NOW).actions == []
-    assert decide.what_to_observe(running, pod(), SETTINGS, NOW) == Needs()
-    asked = decide.what_to_observe(running, pod(), SETTINGS, NOW, progress_due=True).log
+    assert decide.decide(Observed(running, pod()), SETTINGS, NOW).actions == []
+    assert decide.what_to_observe(Observed(running, pod()), SETTINGS, NOW) == Needs()
+    asked = decide.what_to_observe(Observed(running, pod()), SETTINGS, NOW, progress_due=True).log
     assert asked == LogRequest("eval-abc123", "lmeval", decide.PROGRESS_TAIL_LINES, "progress")
     marker = encode_marker("progress", phase="loglikelihood", percent=40.0, n=4, total=10)
-    status = status_of(decide.decide(running, pod(), SETTINGS, NOW, log_view([marker])))
+    status = status_of(
+        decide.decide(Observed(running, pod(), log=log_view([marker])), SETTINGS, NOW)
+    )
     assert status.progress is not None and status.progress.percent == 40.0
     assert status.progress.line == "40% loglikelihood (4/10)"
 
@@ -496,30 +528,36 @@ def test_exec_mode_reads_results_by_exec_then_releases_the_hold() -> None:
     exec_settings = Settings(**{"results-source": "exec"})
     held = log_view(completed_log())
     running = job(running_status())
-    needs = decide.what_to_observe(running, pod(), exec_settings, NOW, progress_due=True)
+    needs = decide.what_to_observe(Observed(running, pod()), exec_settings, NOW, progress_due=True)
     assert needs.held_results
     first = outcome.results_to_exec(running, pod(), exec_settings, held)
     assert first == ExecRequest("eval-abc123", "lmeval", "/x")
     done = decide.decide(
-        running, pod(), exec_settings, NOW, held, exec_view=ExecView(json.dumps(RESULTS))
+        Observed(running, pod(), log=held, exec_view=ExecView(json.dumps(RESULTS))),
+        exec_settings,
+        NOW,
     )
     assert isinstance(done.actions[0], StoreResults)
     status = status_of(done)
     assert status.results_source == "exec" and json.loads(status.results or "") == RESULTS
     assert done.actions[-1] == ReleaseHold("eval-abc123", "lmeval", ("lmeval-driver", "release"))
     fallback = status_of(
-        decide.decide(running, pod(), exec_settings, NOW, held, exec_view=ExecView(None))
+        decide.decide(
+            Observed(running, pod(), log=held, exec_view=ExecView(None)), exec_settings, NOW
+        )
     )
     assert fallback.results_source == "log" and json.loads(fallback.results or "") == RESULTS
     # Once the container exits, the stored results make it Succeeded without a log read.
     stored = job(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
-    final = status_of(decide.decide(stored, pod("terminated", exit_code=0), exec_settings, NOW))
+    final = status_of(
+        decide.decide(Observed(stored, pod("terminated", exit_code=0)), exec_settings, NOW)
+    )
     assert final.reason == api.JobReason.SUCCEEDED
 
 
 def test_pod_that_ended_before_the_evaluation_ran_fails() -> None:
     ended = pod("waiting", phase="Failed", pod_reason="InitFailed", pod_message="cp: not found")
-    status = status_of(decide.decide(job(running_status()), ended, SETTINGS, NOW))
+    status = status_of(decide.decide(Observed(job(running_status()), ended), SETTINGS, NOW))
     assert status.reason == api.JobReason.FAILED
     assert status.message == (
         "pod eval-abc123 ended (Failed) before the evaluation ran: InitFailed: cp: not found"
@@ -529,6 +567,8 @@ def test_pod_that_ended_before_the_evaluation_ran_fails() -> None:
 def test_pod_deleted_by_someone_else_fails_even_if_the_driver_says_cancelled() -> None:
     gone = pod("terminated", deleting=True, exit_code=71)
     lines = [encode_marker("cancelled", message="cancelled by SIGTERM", signal=15)]
-    status = status_of(decide.decide(job(running_status()), gone, SETTINGS, NOW, log_view(lines)))
+    status = status_of(
+        decide.decide(Observed(job(running_status()), gone, log=log_view(lines)), SETTINGS, NOW)
+    )
     assert status.reason == api.JobReason.FAILED
     assert "was deleted before the evaluation finished" in (status.message or "")

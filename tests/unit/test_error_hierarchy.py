@@ -14,7 +14,7 @@ from lmeval_cli.errors import ApiError as CliApiError
 from lmeval_cli.errors import ExitCode, explain
 from lmeval_sandbox.podsetup import ApiError as SandboxApiError
 
-from poller.cycle.act import refused_for_good
+from poller.cycle.act import raise_if_transient
 from poller.cycle.poison import classify
 from poller.kube import errors as apierrors
 from poller.kube.client import ApiError
@@ -48,9 +48,10 @@ def test_the_cli_and_the_sandbox_keep_their_messages() -> None:
 
 def test_acting_reraises_transient_errors_and_words_refusals() -> None:
     refused = ApiError(422, "Unprocessable Entity", '{"message": "data: Too long"}')
-    assert refused_for_good(refused) == "data: Too long"
+    raise_if_transient(refused)  # a refusal for good: worded, not raised
+    assert refused.message == "data: Too long"
     busy = ApiError(503, "Service Unavailable")
     with pytest.raises(ApiError) as raised:
-        refused_for_good(busy)
+        raise_if_transient(busy)
     assert raised.value is busy
     assert classify(busy) == "transient" and classify(refused) == "poison"

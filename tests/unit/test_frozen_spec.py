@@ -17,6 +17,7 @@ from dataclasses import replace
 from poller import api
 from poller.decisions import decide
 from poller.decisions.actions import DeletePod
+from poller.decisions.decide import Observed
 from poller.decisions.views import spec_digest
 from tests.unit.test_decide import NOW, SETTINGS, condition, job, pod, running_status, status_of
 
@@ -37,24 +38,24 @@ def test_the_digest_ignores_the_switches_and_nothing_else() -> None:
 
 
 def test_the_first_pod_records_the_digest_and_a_resume_keeps_it() -> None:
-    first = status_of(decide.decide(job(), None, SETTINGS, NOW))
+    first = status_of(decide.decide(Observed(job(), None), SETTINGS, NOW))
     assert first.spec_digest == spec_digest(SPEC)
     resumed = job({"state": "Suspended", "podAttempt": 1, "specDigest": "sha256:old"})
-    status = status_of(decide.decide(resumed, None, SETTINGS, NOW))
+    status = status_of(decide.decide(Observed(resumed, None), SETTINGS, NOW))
     assert status.spec_digest == "sha256:old"
 
 
 def test_an_adoption_records_the_digest_when_none_was() -> None:
     unrecorded = job({"state": "New"})
     adopted = replace(pod(), proof_attempt=1, uid="pod-2")
-    status = status_of(decide.decide(unrecorded, adopted, SETTINGS, NOW))
+    status = status_of(decide.decide(Observed(unrecorded, adopted), SETTINGS, NOW))
     assert status.pod_uid == "pod-2" and status.spec_digest == spec_digest(SPEC)
 
 
 def test_a_started_job_whose_spec_changed_fails_and_its_pod_stops() -> None:
     recorded = running_status(specDigest=spec_digest(SPEC))
     edited = job(recorded, limit="5")
-    decision = decide.decide(edited, pod(), SETTINGS, NOW)
+    decision = decide.decide(Observed(edited, pod()), SETTINGS, NOW)
     assert any(isinstance(a, DeletePod) for a in decision.actions)
     status = status_of(decision)
     assert status.reason == api.JobReason.FAILED
@@ -64,9 +65,11 @@ def test_a_started_job_whose_spec_changed_fails_and_its_pod_stops() -> None:
 
 def test_switches_and_older_statuses_are_not_changes() -> None:
     recorded = running_status(specDigest=spec_digest(SPEC))
-    decision = decide.decide(job(recorded, ttlSecondsAfterFinished=60), pod(), SETTINGS, NOW)
+    decision = decide.decide(
+        Observed(job(recorded, ttlSecondsAfterFinished=60), pod()), SETTINGS, NOW
+    )
     assert all(not isinstance(a, DeletePod) for a in decision.actions)
-    cancelled = status_of(decide.decide(job(recorded, cancel=True), pod(), SETTINGS, NOW))
+    cancelled = status_of(decide.decide(Observed(job(recorded, cancel=True), pod()), SETTINGS, NOW))
     assert cancelled.reason == api.JobReason.CANCELLED
-    older = decide.decide(job(running_status(), limit="5"), pod(), SETTINGS, NOW)
+    older = decide.decide(Observed(job(running_status(), limit="5"), pod()), SETTINGS, NOW)
     assert all(not isinstance(a, DeletePod) for a in older.actions)

@@ -28,6 +28,7 @@ from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_sc
 from poller import api
 from poller.decisions import decide, regression
 from poller.decisions.actions import Needs, PatchStatus, PatchWorkloadStatus, PostEvent
+from poller.decisions.decide import Observed
 from poller.decisions.kueueadmission import KueueView, WorkloadView
 from poller.decisions.regression import GateView, ItemsRead
 from poller.decisions.views import JobView
@@ -172,7 +173,7 @@ def test_the_baselines_state_decides_without_reads(
     listed = GateView(None if base is None else baseline(base))
     job = candidate()
     assert not regression.needs_items(job, listed)
-    assert decide.what_to_observe(job, None, SETTINGS, NOW, gate=listed) == Needs()
+    assert decide.what_to_observe(Observed(job, None, gate=listed), SETTINGS, NOW) == Needs()
     outcome = decided(job, listed)
     assert (outcome.status, outcome.reason) == (None, reason)
     assert words in outcome.message
@@ -215,7 +216,9 @@ def test_items_are_read_only_when_both_succeeded() -> None:
     listed = GateView(baseline())
     job = candidate()
     assert regression.needs_items(job, listed)
-    assert decide.what_to_observe(job, None, SETTINGS, NOW, gate=listed) == Needs(gate_items=True)
+    assert decide.what_to_observe(Observed(job, None, gate=listed), SETTINGS, NOW) == Needs(
+        gate_items=True
+    )
     # Not read (yet): nothing is decided.
     assert regression.decide_gate(job, listed) is None
 
@@ -392,7 +395,7 @@ def test_an_unknown_outcome_from_the_listing_is_decided_again_every_cycle() -> N
 def test_decide_writes_status_gate_the_condition_and_one_event() -> None:
     job = candidate()
     listed = GateView(baseline(), own=read(WORSE), base=read(RIGHT))
-    actions = decide.decide(job, None, SETTINGS, NOW, gate=listed).actions
+    actions = decide.decide(Observed(job, None, gate=listed), SETTINGS, NOW).actions
     patch = next(a for a in actions if isinstance(a, PatchStatus))
     condition = next(c for c in patch.status.conditions or [] if c.type == "Regressed")
     assert (condition.status, condition.reason) == ("True", "Regressed")
@@ -409,15 +412,19 @@ def test_decide_writes_status_gate_the_condition_and_one_event() -> None:
             "status": patch.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
         }
     )
-    assert decide.what_to_observe(written, None, SETTINGS, NOW, gate=GateView(baseline())) == (
-        Needs()
+    assert (
+        decide.what_to_observe(Observed(written, None, gate=GateView(baseline())), SETTINGS, NOW)
+        == Needs()
     )
-    assert decide.decide(written, None, SETTINGS, NOW, gate=GateView(baseline())).actions == []
+    assert (
+        decide.decide(Observed(written, None, gate=GateView(baseline())), SETTINGS, NOW).actions
+        == []
+    )
 
 
 def test_unknown_is_written_as_condition_status_unknown_and_kept_quiet() -> None:
     job = candidate()
-    actions = decide.decide(job, None, SETTINGS, NOW, gate=GateView(None)).actions
+    actions = decide.decide(Observed(job, None, gate=GateView(None)), SETTINGS, NOW).actions
     patch = next(a for a in actions if isinstance(a, PatchStatus))
     condition = next(c for c in patch.status.conditions or [] if c.type == "Regressed")
     assert (condition.status, condition.reason) == ("Unknown", "BaselineMissing")
@@ -429,7 +436,7 @@ def test_unknown_is_written_as_condition_status_unknown_and_kept_quiet() -> None
             "status": patch.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
         }
     )
-    assert decide.decide(again, None, SETTINGS, NOW, gate=GateView(None)).actions == []
+    assert decide.decide(Observed(again, None, gate=GateView(None)), SETTINGS, NOW).actions == []
 
 
 def test_a_finished_gated_jobs_view_keeps_its_gate_and_conditions() -> None:
@@ -471,7 +478,7 @@ def test_under_kueue_a_gated_jobs_workload_is_marked_finished_once() -> None:
         flavors=(),
     )
     actions = decide.decide(
-        candidate(), None, SETTINGS, NOW, kueue=KueueView(workload), gate=GateView(None)
+        Observed(candidate(), None, kueue=KueueView(workload), gate=GateView(None)), SETTINGS, NOW
     ).actions
     assert len([a for a in actions if isinstance(a, PatchWorkloadStatus)]) == 1
     assert len([a for a in actions if isinstance(a, PatchStatus)]) == 1

@@ -23,6 +23,7 @@ from poller import api
 from poller.cycle.statuswrites import StatusWrites, merge_patch
 from poller.decisions import decide, regression
 from poller.decisions.actions import Needs, PatchStatus
+from poller.decisions.decide import Observed
 from poller.decisions.regression import GateView, ItemsRead
 from poller.decisions.views import JobView
 from poller.kube.client import Kube
@@ -40,15 +41,15 @@ def _stored(job: JobView, patch: PatchStatus) -> JobView:
 
 
 def _patch(job: JobView, listed: GateView) -> PatchStatus:
-    actions = decide.decide(job, None, SETTINGS, NOW, gate=listed).actions
+    actions = decide.decide(Observed(job, None, gate=listed), SETTINGS, NOW).actions
     patches = [a for a in actions if isinstance(a, PatchStatus)]
     assert len(patches) == 1, actions
     return patches[0]
 
 
 def _not_decided_again(job: JobView, listed: GateView) -> None:
-    assert decide.what_to_observe(job, None, SETTINGS, NOW, gate=listed) == Needs()
-    assert decide.decide(job, None, SETTINGS, NOW, gate=listed).actions == []
+    assert decide.what_to_observe(Observed(job, None, gate=listed), SETTINGS, NOW) == Needs()
+    assert decide.decide(Observed(job, None, gate=listed), SETTINGS, NOW).actions == []
 
 
 @pytest.mark.parametrize("first", [(RIGHT, RIGHT), (RIGHT, WORSE)], ids=["not", "regressed"])
@@ -91,9 +92,9 @@ def test_a_baseline_replaced_before_any_verdict_is_compared_as_the_current_objec
     assert waiting.status.gate.reason == regression.WAITING_FOR_BASELINE
     assert waiting.status.gate.baseline_uid == "uid-b"
     replaced = baseline(uid="uid-b2")
-    assert decide.what_to_observe(waiting, None, SETTINGS, NOW, gate=GateView(replaced)) == (
-        Needs(gate_items=True)
-    )
+    assert decide.what_to_observe(
+        Observed(waiting, None, gate=GateView(replaced)), SETTINGS, NOW
+    ) == Needs(gate_items=True)
     verdict = _patch(waiting, GateView(replaced, own=read(WORSE), base=read(RIGHT)))
     assert verdict.status.gate is not None
     assert (verdict.status.gate.reason, verdict.status.gate.baseline_uid) == (

@@ -291,7 +291,7 @@ def test_the_known_status_messages_are_extracted() -> None:
     ]
     assert foreign and all(m.reason == "Failed" for m in foreign)
     # Through StatusWrites.fail (poller.cycle.act), and a queue place (a variable followed).
-    _find(messages, "the job pod was refused: <refused_for_good(error)>")
+    _find(messages, "the job pod was refused: <error.message>")
     queued = _find(messages, "waiting for a free slot: <place> (max-running-jobs: <slot.limit>)")
     assert queued.module == "poller.decisions.scheduling"
     assert {m.reason for m in messages} >= {"NoReason", "Succeeded", "Failed", "Cancelled"}

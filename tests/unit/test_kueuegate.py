@@ -33,6 +33,7 @@ from poller.decisions.actions import (
     PatchStatus,
     PatchWorkloadStatus,
 )
+from poller.decisions.decide import Observed
 from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
 from poller.decisions.views import JobView
 from poller.kube.errors import ApiError, Conflict
@@ -130,8 +131,8 @@ def suspended_status(message: str = "waiting for Kueue") -> dict[str, Any]:
 
 def test_a_new_job_submits_a_workload_of_exactly_its_pod() -> None:
     view = KueueView(None)
-    assert decide.what_to_observe(job(), None, SETTINGS, NOW, kueue=view) == Needs()
-    decision = decide.decide(job(), None, SETTINGS, NOW, kueue=view)
+    assert decide.what_to_observe(Observed(job(), None, kueue=view), SETTINGS, NOW) == Needs()
+    decision = decide.decide(Observed(job(), None, kueue=view), SETTINGS, NOW)
     created = [a for a in decision.actions if isinstance(a, CreateWorkload)]
     assert len(created) == 1
     manifest = created[0].manifest
@@ -152,36 +153,42 @@ def test_a_new_job_submits_a_workload_of_exactly_its_pod() -> None:
 
 def test_a_priority_class_label_is_resolved_before_submitting() -> None:
     labelled = job(labels={kueueadmission.QUEUE_LABEL: "q", kueueadmission.PRIORITY_LABEL: "high"})
-    needs = decide.what_to_observe(labelled, None, SETTINGS, NOW, kueue=KueueView(None))
+    needs = decide.what_to_observe(Observed(labelled, None, kueue=KueueView(None)), SETTINGS, NOW)
     assert needs.priority_class == "high"
     view = KueueView(None, priority=Priority("high", 1000))
-    decision = decide.decide(labelled, None, SETTINGS, NOW, kueue=view)
+    decision = decide.decide(Observed(labelled, None, kueue=view), SETTINGS, NOW)
     (created,) = [a for a in decision.actions if isinstance(a, CreateWorkload)]
     assert created.manifest["spec"]["priority"] == 1000
     assert created.manifest["spec"]["priorityClassName"] == "high"
     missing = KueueView(None, priority=Priority("high", None))
-    decision = decide.decide(labelled, None, SETTINGS, NOW, kueue=missing)
+    decision = decide.decide(Observed(labelled, None, kueue=missing), SETTINGS, NOW)
     assert not any(isinstance(a, CreateWorkload) for a in decision.actions)
     assert "WorkloadPriorityClass high" in (status_of(decision).message or "")
 
 
 def test_a_waiting_workload_keeps_the_job_suspended_in_kueues_words() -> None:
-    decision = decide.decide(job(suspended_status()), None, SETTINGS, NOW, kueue=KueueView(PENDING))
+    decision = decide.decide(
+        Observed(job(suspended_status()), None, kueue=KueueView(PENDING)), SETTINGS, NOW
+    )
     status = status_of(decision)
     assert status.state == api.JobState.SUSPENDED
     assert "insufficient unused quota for nvidia.com/gpu" in (status.message or "")
     assert condition(status, "Suspended").reason == "KueueInadmissible"
     # Written once: the same observation again writes nothing.
     again = job({**suspended_status(), **status.model_dump(by_alias=True, exclude_none=True)})
-    assert decide.decide(again, None, SETTINGS, NOW, kueue=KueueView(PENDING)).actions == []
+    assert (
+        decide.decide(Observed(again, None, kueue=KueueView(PENDING)), SETTINGS, NOW).actions == []
+    )
 
 
 def test_admission_starts_the_pod_with_the_flavors_placement() -> None:
     current = job(suspended_status())
-    needs = decide.what_to_observe(current, None, SETTINGS, NOW, kueue=KueueView(ADMITTED))
+    needs = decide.what_to_observe(
+        Observed(current, None, kueue=KueueView(ADMITTED)), SETTINGS, NOW
+    )
     assert needs.flavors == ("a100",) and needs.namespace_uid
     view = KueueView(ADMITTED, flavors=(A100,))
-    decision = decide.decide(current, None, SETTINGS, NOW, kueue=view)
+    decision = decide.decide(Observed(current, None, kueue=view), SETTINGS, NOW)
     (create,) = [a for a in decision.actions if isinstance(a, CreatePod)]
     assert create.manifest["spec"]["nodeSelector"] == {"gpu": "a100"}
     assert {"key": "gpu", "operator": "Exists"} in create.manifest["spec"]["tolerations"]
@@ -193,12 +200,16 @@ def test_admission_starts_the_pod_with_the_flavors_placement() -> None:
 
 def test_an_admitted_running_job_is_left_to_run() -> None:
     current = job(running_status())
-    plain = decide.decide(current, pod(), SETTINGS, NOW)
-    assert decide.decide(current, pod(), SETTINGS, NOW, kueue=KueueView(ADMITTED)) == plain
+    plain = decide.decide(Observed(current, pod()), SETTINGS, NOW)
+    assert (
+        decide.decide(Observed(current, pod(), kueue=KueueView(ADMITTED)), SETTINGS, NOW) == plain
+    )
 
 
 def test_eviction_deletes_the_pod_and_puts_the_job_back_in_the_queue() -> None:
-    decision = decide.decide(job(running_status()), pod(), SETTINGS, NOW, kueue=KueueView(EVICTED))
+    decision = decide.decide(
+        Observed(job(running_status()), pod(), kueue=KueueView(EVICTED)), SETTINGS, NOW
+    )
     kinds = [type(a) for a in decision.actions]
     assert kinds.index(ArchiveLog) < kinds.index(DeletePod)
     status = status_of(decision)
@@ -210,7 +221,7 @@ def test_eviction_deletes_the_pod_and_puts_the_job_back_in_the_queue() -> None:
 
 def test_once_the_pod_is_gone_the_quota_goes_back_to_kueue() -> None:
     current = job(suspended_status("evicted"))
-    decision = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(EVICTED))
+    decision = decide.decide(Observed(current, None, kueue=KueueView(EVICTED)), SETTINGS, NOW)
     (release,) = [a for a in decision.actions if isinstance(a, PatchWorkloadStatus)]
     assert release.resource_version == "7"
     assert release.status["admission"] is None
@@ -220,7 +231,7 @@ def test_once_the_pod_is_gone_the_quota_goes_back_to_kueue() -> None:
     assert kinds["Requeued"]["status"] == "True"
     assert kinds["Evicted"]["status"] == "True"  # Kueue's own, kept
     # Requeued: it waits again, and a new admission starts a fresh pod.
-    waiting = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(REQUEUED))
+    waiting = decide.decide(Observed(current, None, kueue=KueueView(REQUEUED)), SETTINGS, NOW)
     assert not [a for a in waiting.actions if isinstance(a, PatchWorkloadStatus | CreatePod)]
 
 
@@ -231,13 +242,16 @@ def test_a_finished_job_marks_its_workload_finished_once() -> None:
         "message": "done",
         "completeTime": format_time(NOW),
     }
-    decision = decide.decide(job(done), None, SETTINGS, NOW, kueue=KueueView(ADMITTED))
+    decision = decide.decide(Observed(job(done), None, kueue=KueueView(ADMITTED)), SETTINGS, NOW)
     (finish,) = decision.actions
     assert isinstance(finish, PatchWorkloadStatus)
     finished = [c for c in finish.status["conditions"] if c["type"] == "Finished"]
     assert finished[0]["status"] == "True" and finished[0]["reason"] == "Succeeded"
     marked = workload(("Finished", "True", "Succeeded", "done"), admission=ADMISSION)
-    assert decide.decide(job(done), None, SETTINGS, NOW, kueue=KueueView(marked)).actions == []
+    assert (
+        decide.decide(Observed(job(done), None, kueue=KueueView(marked)), SETTINGS, NOW).actions
+        == []
+    )
 
 
 def test_suspending_a_job_gives_its_workload_up() -> None:
@@ -255,18 +269,18 @@ def test_suspending_a_job_gives_its_workload_up() -> None:
             "status": suspended_status(),
         }
     )
-    decision = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(PENDING))
+    decision = decide.decide(Observed(current, None, kueue=KueueView(PENDING)), SETTINGS, NOW)
     assert DeleteWorkload(PENDING.name) in decision.actions
 
 
 def test_a_pod_without_a_workload_is_not_stopped_behind_its_back() -> None:
     current = job(running_status())
-    plain = decide.decide(current, pod(), SETTINGS, NOW)
-    assert decide.decide(current, pod(), SETTINGS, NOW, kueue=KueueView(None)) == plain
+    plain = decide.decide(Observed(current, pod()), SETTINGS, NOW)
+    assert decide.decide(Observed(current, pod(), kueue=KueueView(None)), SETTINGS, NOW) == plain
 
 
 def test_without_kueue_a_labelled_job_starts_as_before() -> None:
-    decision = decide.decide(job(), None, SETTINGS, NOW)
+    decision = decide.decide(Observed(job(), None), SETTINGS, NOW)
     assert any(isinstance(a, CreatePod) for a in decision.actions)
     assert not any(isinstance(a, CreateWorkload) for a in decision.actions)
 
@@ -314,7 +328,9 @@ def test_messages_after_an_eviction_say_it_once() -> None:
 
 
 def test_a_withdrawn_admission_stops_the_pod_too() -> None:
-    decision = decide.decide(job(running_status()), pod(), SETTINGS, NOW, kueue=KueueView(PENDING))
+    decision = decide.decide(
+        Observed(job(running_status()), pod(), kueue=KueueView(PENDING)), SETTINGS, NOW
+    )
     assert DeletePod(pod().name) in decision.actions
     status = status_of(decision)
     assert status.state == api.JobState.SUSPENDED
@@ -324,15 +340,16 @@ def test_a_withdrawn_admission_stops_the_pod_too() -> None:
 def test_a_pod_that_is_over_is_read_as_always_even_if_evicted_meanwhile() -> None:
     finished = pod("terminated", phase="Succeeded", exit_code=0)
     current = job(running_status())
-    plain = decide.what_to_observe(current, finished, SETTINGS, NOW)
+    plain = decide.what_to_observe(Observed(current, finished), SETTINGS, NOW)
     assert (
-        decide.what_to_observe(current, finished, SETTINGS, NOW, kueue=KueueView(EVICTED)) == plain
+        decide.what_to_observe(Observed(current, finished, kueue=KueueView(EVICTED)), SETTINGS, NOW)
+        == plain
     )
 
 
 def test_a_job_changed_while_it_waits_submits_a_new_workload() -> None:
     current = job(suspended_status())
-    made = decide.decide(job(), None, SETTINGS, NOW, kueue=KueueView(None))
+    made = decide.decide(Observed(job(), None, kueue=KueueView(None)), SETTINGS, NOW)
     (create,) = [a for a in made.actions if isinstance(a, CreateWorkload)]
     fingerprint = create.manifest["metadata"]["annotations"][kueueadmission.SUBMITTED_ANNOTATION]
     assert fingerprint == "3/team-a/"  # generation, queue, priority class
@@ -340,20 +357,26 @@ def test_a_job_changed_while_it_waits_submits_a_new_workload() -> None:
     def submitted(value: str) -> WorkloadView:
         return replace(PENDING, submitted_for=value)
 
-    same = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(submitted(fingerprint)))
+    same = decide.decide(
+        Observed(current, None, kueue=KueueView(submitted(fingerprint))), SETTINGS, NOW
+    )
     assert not [a for a in same.actions if isinstance(a, DeleteWorkload)]
-    older = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(submitted("2/team-a/")))
+    older = decide.decide(
+        Observed(current, None, kueue=KueueView(submitted("2/team-a/"))), SETTINGS, NOW
+    )
     assert DeleteWorkload(PENDING.name) in older.actions
     assert "submitting it again" in (status_of(older).message or "")
     # While it goes away the job waits; once gone, a new one is submitted.
     going = replace(submitted("2/team-a/"), deleting=True)
-    waiting = decide.decide(current, None, SETTINGS, NOW, kueue=KueueView(going))
+    waiting = decide.decide(Observed(current, None, kueue=KueueView(going)), SETTINGS, NOW)
     assert not [a for a in waiting.actions if isinstance(a, DeleteWorkload | CreateWorkload)]
 
 
 def test_a_job_that_finishes_now_marks_its_workload_before_its_status() -> None:
     # Its pod vanished: the job ends Failed in this decision.
-    decision = decide.decide(job(running_status()), None, SETTINGS, NOW, kueue=KueueView(ADMITTED))
+    decision = decide.decide(
+        Observed(job(running_status()), None, kueue=KueueView(ADMITTED)), SETTINGS, NOW
+    )
     kinds = [type(a) for a in decision.actions]
     assert kinds.index(PatchWorkloadStatus) < kinds.index(PatchStatus), kinds
     (finish,) = [a for a in decision.actions if isinstance(a, PatchWorkloadStatus)]
@@ -361,7 +384,7 @@ def test_a_job_that_finishes_now_marks_its_workload_before_its_status() -> None:
     assert status_of(decision).state == api.JobState.COMPLETE
     # Its retention, later, marks it again only if that write did not land.
     done = replace(job(running_status()), status=status_of(decision))
-    (again,) = decide.decide(done, None, SETTINGS, NOW, kueue=KueueView(ADMITTED)).actions
+    (again,) = decide.decide(Observed(done, None, kueue=KueueView(ADMITTED)), SETTINGS, NOW).actions
     assert isinstance(again, PatchWorkloadStatus) and not again.best_effort
 
 

@@ -29,6 +29,7 @@ from poller.cycle.podproof import KEY_FIELD, PodProof
 from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide, outcome
 from poller.decisions.actions import Decision, LogRequest, Needs
+from poller.decisions.decide import Observed
 from poller.decisions.routing import Step, route
 from poller.decisions.views import PROOF_ANNOTATION
 from poller.jobpod import podspec
@@ -45,25 +46,25 @@ FINISHED = pod("terminated", exit_code=0)
 
 
 def test_a_pod_about_to_be_made_needs_the_namespace_and_nothing_else() -> None:
-    assert decide.what_to_observe(job(), None, SETTINGS, NOW) == Needs(namespace_uid=True)
+    assert decide.what_to_observe(Observed(job(), None), SETTINGS, NOW) == Needs(namespace_uid=True)
 
 
 def test_a_terminated_container_needs_its_log_unless_results_were_read_while_held() -> None:
-    assert decide.what_to_observe(job(running_status()), FINISHED, SETTINGS, NOW) == Needs(
-        log=RESULTS_LOG
-    )
+    assert decide.what_to_observe(
+        Observed(job(running_status()), FINISHED), SETTINGS, NOW
+    ) == Needs(log=RESULTS_LOG)
     stored = job(running_status(results=json.dumps({"results": {}})))
-    assert decide.what_to_observe(stored, FINISHED, SETTINGS, NOW) == Needs()
+    assert decide.what_to_observe(Observed(stored, FINISHED), SETTINGS, NOW) == Needs()
     failed = pod("terminated", exit_code=1)
-    assert decide.what_to_observe(stored, failed, SETTINGS, NOW) == Needs(log=RESULTS_LOG)
+    assert decide.what_to_observe(Observed(stored, failed), SETTINGS, NOW) == Needs(log=RESULTS_LOG)
 
 
 def test_a_running_container_needs_a_progress_window_only_when_due() -> None:
     running = job(running_status())
-    assert decide.what_to_observe(running, pod(), SETTINGS, NOW) == Needs()
-    due = decide.what_to_observe(running, pod(), SETTINGS, NOW, progress_due=True)
+    assert decide.what_to_observe(Observed(running, pod()), SETTINGS, NOW) == Needs()
+    due = decide.what_to_observe(Observed(running, pod()), SETTINGS, NOW, progress_due=True)
     assert due == Needs(log=PROGRESS_LOG)
-    held = decide.what_to_observe(running, pod(), EXEC, NOW, progress_due=True)
+    held = decide.what_to_observe(Observed(running, pod()), EXEC, NOW, progress_due=True)
     assert held == Needs(log=PROGRESS_LOG, held_results=True)
 
 
@@ -84,7 +85,7 @@ def test_nothing_is_read_for_a_job_ending_otherwise_or_a_pod_not_ours(
     listed = job(running_status() if status == "running" else done, **spec)
     finished = replace(FINISHED, **changes)
     for settings in (SETTINGS, EXEC):
-        needs = decide.what_to_observe(listed, finished, settings, NOW, progress_due=True)
+        needs = decide.what_to_observe(Observed(listed, finished), settings, NOW, progress_due=True)
         assert needs == Needs()
 
 
@@ -98,7 +99,9 @@ def test_what_to_observe_and_decide_take_the_same_branch() -> None:
     ]
     for listed, observed_pod in cases:
         step = route(listed, observed_pod, NOW, None)
-        needs = decide.what_to_observe(listed, observed_pod, SETTINGS, NOW, progress_due=True)
+        needs = decide.what_to_observe(
+            Observed(listed, observed_pod), SETTINGS, NOW, progress_due=True
+        )
         assert (needs.log is not None) == (step in (Step.FINISHED, Step.RUNNING))
         assert needs.namespace_uid == (step is Step.SCHEDULE)
 
@@ -315,9 +318,9 @@ def test_every_job_enters_decide_once_per_cycle(case: str, monkeypatch: pytest.M
     entries: collections.Counter[str] = collections.Counter()
     original = decide.decide
 
-    def counting(listed: Any, *args: Any, **kwargs: Any) -> Decision:
-        entries[listed.uid] += 1
-        return original(listed, *args, **kwargs)
+    def counting(observed: Observed, *args: Any, **kwargs: Any) -> Decision:
+        entries[observed.job.uid] += 1
+        return original(observed, *args, **kwargs)
 
     monkeypatch.setattr(decide, "decide", counting)
     poller = Reconciler(kube, settings_namespace="lmeval-system")  # type: ignore[arg-type]

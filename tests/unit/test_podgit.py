@@ -133,7 +133,7 @@ def test_pinned_commit_is_one_git_command_per_container() -> None:
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     assert mounts[repo]["readOnly"] and mounts["/opt/lmeval/git"]["readOnly"]
     assert "--include_path=/opt/lmeval/tasks" in main["command"]
-    assert f"{protocol.OPT_TASK_SOURCES}=/opt/lmeval/git" in main["command"]
+    assert f"{protocol.option_flag('task_sources')}=/opt/lmeval/git" in main["command"]
     # The pod's own UID (OpenShift's range) wins: the containers set none.
     for container in _inits(_pod(_spec({"url": URL}), run_as_user=1000680000)):
         assert "runAsUser" not in container["securityContext"]
@@ -309,6 +309,7 @@ def test_decide_names_the_git_field_and_the_waiting_init_container() -> None:
     import dataclasses
 
     from poller.decisions import decide
+    from poller.decisions.decide import Observed
     from poller.decisions.views import ContainerView
     from tests.unit.test_decide import NOW, job, pod, status_of
     from tests.unit.test_decide import SETTINGS as DECIDE_SETTINGS
@@ -322,7 +323,7 @@ def test_decide_names_the_git_field_and_the_waiting_init_container() -> None:
     ended = dataclasses.replace(
         pod("waiting", phase="Failed", reason="PodInitializing"), init=("git-0-fetch", failed_clone)
     )
-    status = status_of(decide.decide(job(scheduled, **spec), ended, DECIDE_SETTINGS, NOW))
+    status = status_of(decide.decide(Observed(job(scheduled, **spec), ended), DECIDE_SETTINGS, NOW))
     assert status.reason == api.JobReason.FAILED
     assert status.message == (
         f"spec.customTasks[0].git.branch: fetching {URL} at nope failed: "
@@ -333,7 +334,7 @@ def test_decide_names_the_git_field_and_the_waiting_init_container() -> None:
         pod("waiting", phase="Pending", created_ago=700, reason="PodInitializing"),
         init=("git-0-init", pulling),
     )
-    status = status_of(decide.decide(job(scheduled, **spec), stuck, DECIDE_SETTINGS, NOW))
+    status = status_of(decide.decide(Observed(job(scheduled, **spec), stuck), DECIDE_SETTINGS, NOW))
     assert "init container git-0-init: ImagePullBackOff: Back-off pulling git" in (
         status.message or ""
     )

@@ -48,8 +48,10 @@ def test_the_claim_is_mounted_read_only_as_the_hub_cache() -> None:
     assert env["HF_HOME"] == podspec.HF_HOME
     assert {"name": "hf-home", "emptyDir": {}} in pod["spec"]["volumes"]
     command = _main(pod)["command"]
-    assert f"{protocol.OPT_HUB_DATASETS}=/cache/storage/hub" in command
-    assert command.index(f"{protocol.OPT_HUB_DATASETS}=/cache/storage/hub") < command.index("--")
+    assert f"{protocol.option_flag('hub_datasets')}=/cache/storage/hub" in command
+    assert command.index(
+        f"{protocol.option_flag('hub_datasets')}=/cache/storage/hub"
+    ) < command.index("--")
 
 
 def test_offline_storage_runs_offline_even_when_online_is_allowed() -> None:
@@ -67,7 +69,9 @@ def test_without_offline_storage_nothing_changes() -> None:
     pod = _pod(_spec())
     assert podstorage.STORAGE_VOLUME not in {v["name"] for v in pod["spec"]["volumes"]}
     assert "HF_HUB_CACHE" not in _env(pod)
-    assert not [w for w in _main(pod)["command"] if w.startswith(protocol.OPT_HUB_DATASETS)]
+    assert not [
+        w for w in _main(pod)["command"] if w.startswith(protocol.option_flag("hub_datasets"))
+    ]
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from poller.api import rules as specrules
 from poller.api.settings import Settings
 from poller.decisions import decide
 from poller.decisions.actions import CreatePod, PatchStatus
+from poller.decisions.decide import Observed
 from poller.decisions.views import JobView
 from poller.jobpod import podspec
 from poller.timefmt import format_time
@@ -345,7 +346,7 @@ def test_a_job_stored_under_an_older_schema_ends_failed_naming_the_field(
             "status": {},
         }
     )
-    decision = decide.decide(stored, None, Settings(), now)
+    decision = decide.decide(Observed(stored, None), Settings(), now)
     assert not any(isinstance(a, CreatePod) for a in decision.actions)
     (patch,) = (a for a in decision.actions if isinstance(a, PatchStatus))
     assert patch.status.reason == api.JobReason.FAILED

@@ -27,6 +27,7 @@ from poller import api
 from poller.api.settings import Settings
 from poller.decisions import decide, outcome
 from poller.decisions.actions import ArchiveLog, DeletePod, ReleaseHold, StoreResults
+from poller.decisions.decide import Observed
 from poller.decisions.views import ExecView
 from tests.unit.test_decide import (
     NOW,
@@ -139,9 +140,14 @@ FORGED = [{"name": "1", "commit": OTHER}, {"name": "2", "commit": HEAD}]
 
 def test_a_run_that_reports_the_pins_succeeds_with_them_recorded() -> None:
     decision = decide.decide(
-        job(running_status(), **SPEC), pod("terminated", exit_code=0), SETTINGS, NOW,
-        log_view(_log(PINNED)),
-    )  # fmt: skip
+        Observed(
+            job(running_status(), **SPEC),
+            pod("terminated", exit_code=0),
+            log=log_view(_log(PINNED)),
+        ),
+        SETTINGS,
+        NOW,
+    )
     assert any(isinstance(a, StoreResults) for a in decision.actions)
     status = status_of(decision)
     assert status.reason == api.JobReason.SUCCEEDED
@@ -159,9 +165,14 @@ def test_a_finished_run_on_another_commit_fails_without_its_results(
 ) -> None:
     recorded = running_status(taskSources=[{"name": "customTasks[1]", "url": URL, "commit": PIN}])
     decision = decide.decide(
-        job(recorded, **SPEC), pod("terminated", exit_code=0), SETTINGS, NOW,
-        log_view(_log(final, started)),
-    )  # fmt: skip
+        Observed(
+            job(recorded, **SPEC),
+            pod("terminated", exit_code=0),
+            log=log_view(_log(final, started)),
+        ),
+        SETTINGS,
+        NOW,
+    )
     assert not any(isinstance(a, StoreResults) for a in decision.actions)
     status = status_of(decision)
     assert status.reason == api.JobReason.FAILED
@@ -177,9 +188,10 @@ def test_a_finished_run_on_another_commit_fails_without_its_results(
 def test_a_finished_run_that_reported_no_commit_keeps_no_results() -> None:
     bare = _log([])
     decision = decide.decide(
-        job(running_status(), **SPEC), pod("terminated", exit_code=0), SETTINGS, NOW,
-        log_view(bare),
-    )  # fmt: skip
+        Observed(job(running_status(), **SPEC), pod("terminated", exit_code=0), log=log_view(bare)),
+        SETTINGS,
+        NOW,
+    )
     status = status_of(decision)
     assert not any(isinstance(a, StoreResults) for a in decision.actions)
     assert status.reason == api.JobReason.FAILED
@@ -192,9 +204,12 @@ def test_a_running_pod_on_another_commit_is_stopped_before_held_results_are_stor
     exec_settings = Settings.model_validate({"results-source": "exec"})
     running = job(running_status(), **SPEC)
     decision = decide.decide(
-        running, pod(), exec_settings, NOW, log_view(_log(FORGED)),
-        exec_view=ExecView(json.dumps(RESULTS)),
-    )  # fmt: skip
+        Observed(
+            running, pod(), log=log_view(_log(FORGED)), exec_view=ExecView(json.dumps(RESULTS))
+        ),
+        exec_settings,
+        NOW,
+    )
     kinds = [type(a) for a in decision.actions]
     assert StoreResults not in kinds and ReleaseHold not in kinds
     assert ArchiveLog in kinds and DeletePod in kinds
@@ -203,6 +218,8 @@ def test_a_running_pod_on_another_commit_is_stopped_before_held_results_are_stor
     assert f"expected {PIN}, the run reported {OTHER}" in (status.message or "")
     # While it runs, a started marker alone with the pins is recorded.
     started_only = [encode_marker("started", run_id="r", task_sources=PINNED)]
-    fine = status_of(decide.decide(running, pod(), SETTINGS, NOW, log_view(started_only)))
+    fine = status_of(
+        decide.decide(Observed(running, pod(), log=log_view(started_only)), SETTINGS, NOW)
+    )
     assert fine.state == api.JobState.RUNNING
     assert [s.commit for s in fine.task_sources or []] == [PIN, HEAD]

@@ -34,6 +34,7 @@ from poller.cycle.podio import LOG_READ_RESULTS_BYTES
 from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide, outcome
 from poller.decisions.actions import ArchiveLog, DeleteJob, StoreResults
+from poller.decisions.decide import Observed
 from poller.decisions.draft import MAX_MESSAGE_CHARS, StatusDraft
 from poller.decisions.views import ExecView, JobView, LogView
 from poller.kube.client import ApiError, LogTail
@@ -74,7 +75,9 @@ def test_a_cut_first_window_is_read_again_narrower() -> None:
 def test_a_cut_window_is_never_widened_and_the_failure_says_why() -> None:
     for tail in (outcome.RESULTS_TAIL_LINES, 1600):
         view = read(NO_RESULTS, tail, cut=True)
-        status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
+        status = status_of(
+            decide.decide(Observed(job(running_status()), FINISHED, log=view), SETTINGS, NOW)
+        )
         assert status.reason == api.JobReason.FAILED
         assert status.message is not None
         assert (
@@ -85,14 +88,16 @@ def test_a_cut_window_is_never_widened_and_the_failure_says_why() -> None:
 
 def test_a_cut_window_that_still_holds_the_results_succeeds() -> None:
     view = read(completed_log(), 400, cut=True)
-    decision = decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view)
+    decision = decide.decide(Observed(job(running_status()), FINISHED, log=view), SETTINGS, NOW)
     assert any(isinstance(action, StoreResults) for action in decision.actions)
     assert status_of(decision).reason == api.JobReason.SUCCEEDED
 
 
 def test_the_narrow_window_is_not_widened() -> None:
     view = read(NO_RESULTS, outcome.RESULTS_TAIL_LINES, full=True)
-    status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
+    status = status_of(
+        decide.decide(Observed(job(running_status()), FINISHED, log=view), SETTINGS, NOW)
+    )
     assert status.reason == api.JobReason.FAILED
 
 
@@ -103,7 +108,7 @@ def test_every_sequence_of_reads_ends_within_the_cycles_rounds(
 ) -> None:
     """Whatever each read turns out to be (cut or not, window full or not), as the cycle runs it."""
     current = job(running_status())
-    request = decide.what_to_observe(current, FINISHED, SETTINGS, NOW).log
+    request = decide.what_to_observe(Observed(current, FINISHED), SETTINGS, NOW).log
     assert request is not None
     window: int | None = request.tail_lines
     rounds = 0
@@ -113,7 +118,7 @@ def test_every_sequence_of_reads_ends_within_the_cycles_rounds(
         assert rounds <= outcome.MAX_RESULTS_READS, "the rule asked for more reads than it states"
         view = read(NO_RESULTS, window, cut=cut, full=full)
         window = outcome.next_results_window(FINISHED, view)
-    decision = decide.decide(current, FINISHED, SETTINGS, NOW, view)
+    decision = decide.decide(Observed(current, FINISHED, log=view), SETTINGS, NOW)
     assert status_of(decision).reason == api.JobReason.FAILED
 
 
@@ -134,7 +139,7 @@ EXEC = Settings(**{"results-source": "exec"})
 def test_exec_results_that_are_junk_or_deep_fall_back_to_the_log(text: str) -> None:
     held = LogView(decode_lines(completed_log()), 400, lines_read=3)
     decision = decide.decide(
-        job(running_status()), pod(), EXEC, NOW, held, exec_view=ExecView(text)
+        Observed(job(running_status()), pod(), log=held, exec_view=ExecView(text)), EXEC, NOW
     )
     stored = [a for a in decision.actions if isinstance(a, StoreResults)]
     assert len(stored) == 1
@@ -145,7 +150,7 @@ def test_exec_results_with_nan_are_stored_as_text() -> None:
     held = LogView(decode_lines(completed_log()), 400, lines_read=3)
     text = '{"results": {"toy": {"acc,none": NaN}}}'
     decision = decide.decide(
-        job(running_status()), pod(), EXEC, NOW, held, exec_view=ExecView(text)
+        Observed(job(running_status()), pod(), log=held, exec_view=ExecView(text)), EXEC, NOW
     )
     status = status_of(decision)
     assert status.results_source == "exec" and status.results is not None
@@ -162,7 +167,7 @@ def test_progress_numbers_that_are_not_finite_percentages_never_reach_status(
     value: str,
 ) -> None:
     view = LogView(decode_text(hostile_logs.nan_progress_log(value)), 60, lines_read=1)
-    decision = decide.decide(job(running_status()), pod(), SETTINGS, NOW, view)
+    decision = decide.decide(Observed(job(running_status()), pod(), log=view), SETTINGS, NOW)
     status = status_of(decision)
     assert status.progress is not None
     assert status.progress.percent is None
@@ -227,7 +232,7 @@ def completed_job(results: str) -> JobView:
 def test_a_junk_status_results_gives_no_scores_and_the_ttl_still_fires(results: str) -> None:
     view = completed_job(results)
     assert view.scores == ()
-    assert decide.decide(view, None, SETTINGS, NOW).actions == [DeleteJob()]
+    assert decide.decide(Observed(view, None), SETTINGS, NOW).actions == [DeleteJob()]
 
 
 def test_scores_are_still_read_from_real_results() -> None:
@@ -259,7 +264,7 @@ def test_reducing_thousands_of_tasks_is_linear_and_exact() -> None:
 def test_results_whose_results_are_not_an_object_still_end_the_job() -> None:
     odd = {"results": [1, 2, 3], "pad": os.urandom(200_000).hex()}  # over the status budget
     view = LogView(decode_lines(completed_log(odd)), 400, lines_read=4)
-    decision = decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view)
+    decision = decide.decide(Observed(job(running_status()), FINISHED, log=view), SETTINGS, NOW)
     status = status_of(decision)
     assert status.reason == api.JobReason.SUCCEEDED
     assert json.loads(status.results or "") == {"results": {}, "truncated": True}
@@ -269,7 +274,9 @@ def test_scores_and_task_names_are_capped() -> None:
     many = {"results": {f"t{i:05d}": {"acc,none": 0.5, "f1,none": 0.25} for i in range(5000)}}
     assert len(parse_scores(json.dumps(many))) == lmeval.MAX_SCORES_PER_JOB
     view = LogView(decode_lines(completed_log(many)), 400, lines_read=4)
-    status = status_of(decide.decide(job(running_status()), FINISHED, SETTINGS, NOW, view))
+    status = status_of(
+        decide.decide(Observed(job(running_status()), FINISHED, log=view), SETTINGS, NOW)
+    )
     assert status.message is not None and status.message.endswith(", ... (5000 tasks)")
     assert status.message.count(",") == outcome.TASKS_IN_MESSAGE
 
@@ -279,7 +286,7 @@ def test_results_too_large_for_a_configmap_are_stored_reduced() -> None:
     text = json.dumps({"results": {"toy": {"acc,none": 0.5}}, "pad": os.urandom(3 << 20).hex()})
     held = LogView(decode_lines(completed_log()), 400, lines_read=3)
     decision = decide.decide(
-        job(running_status()), pod(), EXEC, NOW, held, exec_view=ExecView(text)
+        Observed(job(running_status()), pod(), log=held, exec_view=ExecView(text)), EXEC, NOW
     )
     stored = next(a for a in decision.actions if isinstance(a, StoreResults))
     assert lmeval.configmap_data_bytes(stored.manifest) <= lmeval.CONFIGMAP_DATA_MAX
@@ -312,7 +319,7 @@ def test_a_long_final_message_is_shortened_in_status_and_conditions() -> None:
     lines = [encode_marker("failed", exit_code=1, message=said)]
     view = read(lines, outcome.FIRST_TAIL_LINES, full=False)
     decision = decide.decide(
-        job(running_status()), pod("terminated", exit_code=1), SETTINGS, NOW, view
+        Observed(job(running_status()), pod("terminated", exit_code=1), log=view), SETTINGS, NOW
     )
     status = status_of(decision)
     assert len(status.message or "") <= MAX_MESSAGE_CHARS

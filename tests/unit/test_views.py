@@ -27,6 +27,7 @@ from poller.api.settings import Settings
 from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide
 from poller.decisions.actions import DeleteJob, PatchStatus
+from poller.decisions.decide import Observed
 from poller.decisions.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView, PodView
 from poller.results.lmeval import parse_scores
 from poller.timefmt import format_time
@@ -159,7 +160,7 @@ def test_scores_intern_the_names_every_job_repeats() -> None:
 @pytest.mark.parametrize(("ago", "deleted"), [(60, False), (601, True)])
 def test_a_compact_view_still_expires_by_ttl(ago: float, deleted: bool) -> None:
     view = JobView.from_object(listed("Complete", finished_ago=ago))
-    actions = decide.decide(view, None, Settings(), NOW).actions
+    actions = decide.decide(Observed(view, None), Settings(), NOW).actions
     assert actions == ([DeleteJob()] if deleted else [])
 
 
@@ -204,14 +205,16 @@ def _unreadable(state: str) -> JobView:
 def test_an_unreadable_job_is_kept_and_ended_with_the_reason() -> None:
     view = _unreadable("Running")
     assert view.status.state == api.JobState.RUNNING and view.problem
-    decision = decide.decide(view, None, Settings(), NOW)
+    decision = decide.decide(Observed(view, None), Settings(), NOW)
     (patch,) = [a for a in decision.actions if isinstance(a, PatchStatus)]
     assert patch.status.reason == api.JobReason.FAILED
     assert "the poller cannot read this LMEvalJob: ValidationError" in (patch.status.message or "")
 
 
 def test_an_unreadable_finished_job_still_expires() -> None:
-    assert decide.decide(_unreadable("Complete"), None, Settings(), NOW).actions == [DeleteJob()]
+    assert decide.decide(Observed(_unreadable("Complete"), None), Settings(), NOW).actions == [
+        DeleteJob()
+    ]
 
 
 @pytest.mark.parametrize(

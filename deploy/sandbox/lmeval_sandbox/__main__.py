@@ -85,7 +85,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from lmeval_sandbox import demo
+    from rich.console import Console
+
+    from lmeval_sandbox import demo, realdemo
 
     workdir: Path = args.workdir
     hint = "python -m lmeval_sandbox down"
@@ -100,7 +102,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         down_hint=hint,
         node=args.node,
     )
-    return demo.run(options)
+    console = Console(soft_wrap=True)
+    if options.node == "real":
+        return realdemo.run(options, console)
+    return demo.run(options, console)
 
 
 def cmd_build(_: argparse.Namespace) -> int:

@@ -95,8 +95,6 @@ MODEL_SERVER_PORT = 8765
 SAMPLE_SERVER = "http://my-model.models.svc:8000"
 SAMPLE_SERVED_MODEL = "my-model"
 TOY_MODEL = "toy"
-# Processes this command adds to the plane's state.json (stopped first by `down`).
-PROCESS_NAMES = ("model-server", "lmeval-sandbox-runner", "lmeval-poller")
 
 
 @dataclass(frozen=True)
@@ -331,17 +329,13 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(options: DemoOptions, console: Console | None = None) -> int:
-    """The whole command; returns the exit code."""
-    shown = console or Console(soft_wrap=True)
-    if options.node == "real":
-        from lmeval_sandbox.realdemo import run_on_real_node
-
-        return _guarded(lambda: run_on_real_node(options, shown), shown)
-    return _guarded(lambda: _run_local(options, shown), shown)
+def run(options: DemoOptions, console: Console) -> int:
+    """The whole command on the local runner (`realdemo` runs it on the real
+    node; ``python -m lmeval_sandbox run`` picks one); returns the exit code."""
+    return guarded(lambda: _run_local(options, console), console)
 
 
-def _guarded(body: Callable[[], int], console: Console) -> int:
+def guarded(body: Callable[[], int], console: Console) -> int:
     """Run `body`, turning the errors a newcomer can meet into a line and an exit code."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -44,6 +44,7 @@ __all__ = [
     "model_server_sidecar",
     "prepare_node",
     "real_node_documents",
+    "run",
     "run_on_real_node",
     "stop_real_node",
 ]
@@ -142,6 +143,11 @@ class _NodeWatch:
         for name, alive in self.node.running().items():
             if not alive:
                 raise DemoError(f"{name} of the real node exited\n{self.node.log_tail(name)}")
+
+
+def run(options: demo.DemoOptions, console: Console) -> int:
+    """The whole command on the real node, its errors worded; returns the exit code."""
+    return demo.guarded(lambda: run_on_real_node(options, console), console)
 
 
 def run_on_real_node(options: demo.DemoOptions, console: Console) -> int:
