@@ -56,8 +56,8 @@ from poller.cycle.podio import PodIO
 from poller.cycle.retained import JobKey, RetainedJobs
 from poller.decisions import kueueadmission, outcome
 from poller.decisions.actions import LogRequest, Needs
-from poller.decisions.decide import Observed
 from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
+from poller.decisions.observed import Observed
 from poller.decisions.ownership import controller_uid
 from poller.decisions.regression import GateView, ItemsRead, baseline_name
 from poller.decisions.views import ExecView, JobView, LogView, PodView, ProofCheck

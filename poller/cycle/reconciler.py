@@ -60,7 +60,7 @@ from poller.cycle.sweep import FinishedSweep, SweepReport
 from poller.decisions import decide as decisions
 from poller.decisions.actions import Decision, Needs
 from poller.decisions.concurrency import plan_queue
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.views import JobView, PodView
 from poller.kube.client import Kube
 

@@ -6,6 +6,7 @@ the views of what was observed come in (``views``), the actions go out
 returns frozen data and is called once per job per cycle.
 
 * ``views``: frozen views of what a cycle observed (jobs, pods, a log window, results);
+* ``observed``: `Observed`, everything one job's decision reads, in one object;
 * ``actions``: what a decision asks to read first, and the actions it returns;
 * ``decide``: one job's decision; ``routing``: which branch it takes;
 * ``scheduling``: how a job gets its pod (made, adopted, or queued for a slot);

@@ -1,7 +1,7 @@
 """Decide what to do for one LMEvalJob: a pure function.
 
 ``decide(observed, settings, now)`` looks at what was observed of the job
-(`poller.decisions.views.Observed`: the job, its pod or None, its queue slot,
+(`poller.decisions.observed.Observed`: the job, its pod or None, its queue slot,
 Kueue's and the gate's views and, when ``what_to_observe`` asked for them,
 the decoded log tail, the exec'd results and the namespace's UID), the
 settings and the injected clock, and returns the actions that move the job
@@ -30,7 +30,7 @@ does no I/O and imports nothing from `kubernetes`.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from poller import api
 from poller.api.settings import Settings
@@ -52,17 +52,16 @@ from poller.decisions.actions import (
 )
 from poller.decisions.draft import StatusDraft
 from poller.decisions.kueueadmission import KueueView
+from poller.decisions.observed import Observed
 from poller.decisions.ownership import altered_pod_message, foreign_pod_message, judge_pod
-from poller.decisions.regression import GateView
 from poller.decisions.routing import Step, deadline_exceeded, route, submitted_for
 from poller.decisions.scheduling import adopt, decide_failure, job_pod, queued, schedule
-from poller.decisions.views import ContainerView, ExecView, JobView, LogView, PodView, QueueSlot
+from poller.decisions.views import ContainerView, JobView, PodView
 from poller.jobpod import gittasks, podspec
 from poller.timefmt import seconds_between
 
 __all__ = [
     "PROGRESS_TAIL_LINES",
-    "Observed",
     "decide",
     "what_to_observe",
 ]
@@ -83,26 +82,6 @@ _WAITING_CAUSES = (
 C = api.ConditionType
 S = api.JobState
 R = api.JobReason
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Everything one job's decision reads: what `decide` takes, complete."""
-
-    job: JobView
-    pod: PodView | None
-    queue: QueueSlot | None = None
-    # The last window of the pod's log read, when the needs named one.
-    log: LogView | None = None
-    # What the exec'd `cat` of the held results returned, when it ran.
-    exec_view: ExecView | None = None
-    # The first UID of the namespace's OpenShift range, for a pod made now.
-    run_as_user: int | None = None
-    # The job's side of Kueue when Kueue gates it, with the flavors and the
-    # priority class the needs named.
-    kueue: KueueView | None = None
-    # The regression gate's view (spec.gate), with the per-item scores read.
-    gate: GateView | None = None
 
 
 def _remove_pod(pod: PodView | None, settings: Settings) -> list[Action]:
@@ -250,7 +229,7 @@ def what_to_observe(
     needs them (`poller.decisions.regression.needs_items`).
     """
     job, pod, kueue, gate = observed.job, observed.pod, observed.kueue, observed.gate
-    step = route(job, pod, now, observed.queue, kueue)
+    step = route(observed, now)
     if step is Step.RETENTION and gate is not None and not _kept(job, settings, now).actions:
         return Needs(gate_items=regression.needs_items(job, gate))
     if step is Step.SCHEDULE:
@@ -298,7 +277,7 @@ def decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decision
 def _decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decision:
     """`decide`, before a finishing job's workload is marked Finished."""
     job, pod, queue, kueue = observed.job, observed.pod, observed.queue, observed.kueue
-    step = route(job, pod, now, queue, kueue)
+    step = route(observed, now)
     if step is Step.NOTHING:
         return Decision()
     if step is Step.RETENTION:
@@ -322,7 +301,7 @@ def _decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decisio
     if step is Step.SUSPEND:
         return _suspend(observed, settings, now)
     if step is Step.SCHEDULE:
-        return schedule(job, settings, now, observed.run_as_user, kueue)
+        return schedule(observed, settings, now)
     if step is Step.OVERDUE:
         overdue = deadline_exceeded(job, now) or ""
         return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")

@@ -18,9 +18,10 @@ from enum import Enum
 
 from poller import api
 from poller.decisions import kueueadmission
-from poller.decisions.kueueadmission import Gate, KueueView
+from poller.decisions.kueueadmission import Gate
+from poller.decisions.observed import Observed
 from poller.decisions.ownership import PodTrust, judge_pod
-from poller.decisions.views import JobView, PodView, QueueSlot
+from poller.decisions.views import JobView, PodView
 from poller.timefmt import seconds_between
 
 __all__ = ["Step", "deadline_exceeded", "route", "spec_changed", "submitted_for"]
@@ -73,14 +74,9 @@ _GATED_STEPS = {
 }
 
 
-def route(
-    job: JobView,
-    pod: PodView | None,
-    now: dt.datetime,
-    queue: QueueSlot | None,
-    kueue: KueueView | None = None,
-) -> Step:
-    """The branch of `decide` for this observation (`kueue`: the job is under Kueue). Pure."""
+def route(observed: Observed, now: dt.datetime) -> Step:
+    """The branch of `decide` for this observation (its `kueue`: the job is under Kueue). Pure."""
+    job, pod, queue, kueue = observed.job, observed.pod, observed.queue, observed.kueue
     if job.deleting:
         return Step.NOTHING
     state = job.status.state

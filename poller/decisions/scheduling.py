@@ -27,7 +27,7 @@ from poller.api.settings import Settings
 from poller.decisions import kueueadmission
 from poller.decisions.actions import CreatePod, Decision
 from poller.decisions.draft import StatusDraft
-from poller.decisions.kueueadmission import KueueView
+from poller.decisions.observed import Observed
 from poller.decisions.views import JobView, PodView, QueueSlot
 from poller.jobpod import podspec
 from poller.timefmt import seconds_between
@@ -87,14 +87,11 @@ def job_pod(
     return spec, manifest
 
 
-def schedule(
-    job: JobView,
-    settings: Settings,
-    now: dt.datetime,
-    run_as_user: int | None,
-    kueue: KueueView | None = None,
-) -> Decision:
-    made = job_pod(job, settings, now, run_as_user)
+def schedule(observed: Observed, settings: Settings, now: dt.datetime) -> Decision:
+    """A pod for the job now (in the namespace's OpenShift UID range, placed
+    where Kueue admitted it), with the status and the claim that go with it."""
+    job, kueue = observed.job, observed.kueue
+    made = job_pod(job, settings, now, observed.run_as_user)
     if isinstance(made, Decision):
         return made
     spec, manifest = made

@@ -19,7 +19,7 @@ from typing import Any
 from poller import api
 from poller.decisions import decide
 from poller.decisions.actions import DeletePod, PatchStatus
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.ownership import PodTrust, judge_pod
 from poller.decisions.views import PodView, pod_fingerprint
 from tests.unit.test_decide import NOW, SETTINGS, condition, job, pod, running_status, status_of

@@ -41,7 +41,7 @@ from poller.api import rules as specrules
 from poller.api.settings import Settings
 from poller.decisions import decide
 from poller.decisions.actions import CreatePod, PatchStatus
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.views import JobView
 from poller.jobpod import argv as podargv
 from poller.jobpod import podspec

@@ -36,8 +36,8 @@ from poller.decisions.actions import (
     ReleaseHold,
     StoreResults,
 )
-from poller.decisions.decide import Observed
 from poller.decisions.draft import set_condition
+from poller.decisions.observed import Observed
 from poller.decisions.ownership import PodTrust, judge_pod
 from poller.decisions.scheduling import EXACT_QUEUE_POSITIONS, queue_message
 from poller.decisions.views import (

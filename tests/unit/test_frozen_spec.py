@@ -17,7 +17,7 @@ from dataclasses import replace
 from poller import api
 from poller.decisions import decide
 from poller.decisions.actions import DeletePod
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.views import spec_digest
 from tests.unit.test_decide import NOW, SETTINGS, condition, job, pod, running_status, status_of
 

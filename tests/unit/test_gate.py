@@ -28,8 +28,8 @@ from driver.itemscores import ItemScores, TaskItems, docs_digest, encode_item_sc
 from poller import api
 from poller.decisions import decide, regression
 from poller.decisions.actions import Needs, PatchStatus, PatchWorkloadStatus, PostEvent
-from poller.decisions.decide import Observed
 from poller.decisions.kueueadmission import KueueView, WorkloadView
+from poller.decisions.observed import Observed
 from poller.decisions.regression import GateView, ItemsRead
 from poller.decisions.views import JobView
 from poller.jobpod import podspec

@@ -23,7 +23,7 @@ from poller import api
 from poller.cycle.statuswrites import StatusWrites, merge_patch
 from poller.decisions import decide, regression
 from poller.decisions.actions import Needs, PatchStatus
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.regression import GateView, ItemsRead
 from poller.decisions.views import JobView
 from poller.kube.client import Kube

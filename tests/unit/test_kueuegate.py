@@ -33,8 +33,8 @@ from poller.decisions.actions import (
     PatchStatus,
     PatchWorkloadStatus,
 )
-from poller.decisions.decide import Observed
 from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
+from poller.decisions.observed import Observed
 from poller.decisions.views import JobView
 from poller.kube.errors import ApiError, Conflict
 from poller.timefmt import format_time

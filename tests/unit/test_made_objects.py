@@ -35,6 +35,7 @@ from poller.cycle.podio import PodIO
 from poller.cycle.podproof import PodProof
 from poller.cycle.statuswrites import StatusWrites
 from poller.decisions import ownership
+from poller.decisions.observed import Observed
 from poller.decisions.scheduling import decide_failure, schedule
 from poller.decisions.views import JobView
 from poller.jobpod import offline, podspec
@@ -194,7 +195,9 @@ def actuator(kube: StandIn) -> Actuator:
 
 def start(kube: StandIn, view: JobView) -> None:
     settings = Settings()
-    actuator(kube).carry_out(view, schedule(view, settings, NOW, None), settings, NOW, Tally())
+    actuator(kube).carry_out(
+        view, schedule(Observed(view, None), settings, NOW), settings, NOW, Tally()
+    )
 
 
 def failure_message(kube: StandIn) -> str:

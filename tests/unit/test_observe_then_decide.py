@@ -29,7 +29,7 @@ from poller.cycle.podproof import KEY_FIELD, PodProof
 from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide, outcome
 from poller.decisions.actions import Decision, LogRequest, Needs
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.routing import Step, route
 from poller.decisions.views import PROOF_ANNOTATION
 from poller.jobpod import podspec
@@ -98,7 +98,7 @@ def test_what_to_observe_and_decide_take_the_same_branch() -> None:
         (job(running_status(), cancel=True), FINISHED),
     ]
     for listed, observed_pod in cases:
-        step = route(listed, observed_pod, NOW, None)
+        step = route(Observed(listed, observed_pod), NOW)
         needs = decide.what_to_observe(
             Observed(listed, observed_pod), SETTINGS, NOW, progress_due=True
         )

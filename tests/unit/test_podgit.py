@@ -309,7 +309,7 @@ def test_decide_names_the_git_field_and_the_waiting_init_container() -> None:
     import dataclasses
 
     from poller.decisions import decide
-    from poller.decisions.decide import Observed
+    from poller.decisions.observed import Observed
     from poller.decisions.views import ContainerView
     from tests.unit.test_decide import NOW, job, pod, status_of
     from tests.unit.test_decide import SETTINGS as DECIDE_SETTINGS

@@ -33,7 +33,7 @@ from poller.api import rules as specrules
 from poller.api.settings import Settings
 from poller.decisions import decide
 from poller.decisions.actions import CreatePod, PatchStatus
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.views import JobView
 from poller.jobpod import podspec
 from poller.timefmt import format_time

@@ -27,7 +27,7 @@ from poller import api
 from poller.api.settings import Settings
 from poller.decisions import decide, outcome
 from poller.decisions.actions import ArchiveLog, DeletePod, ReleaseHold, StoreResults
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.views import ExecView
 from tests.unit.test_decide import (
     NOW,

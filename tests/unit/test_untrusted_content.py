@@ -34,8 +34,8 @@ from poller.cycle.podio import LOG_READ_RESULTS_BYTES
 from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide, outcome
 from poller.decisions.actions import ArchiveLog, DeleteJob, StoreResults
-from poller.decisions.decide import Observed
 from poller.decisions.draft import MAX_MESSAGE_CHARS, StatusDraft
+from poller.decisions.observed import Observed
 from poller.decisions.views import ExecView, JobView, LogView
 from poller.kube.client import ApiError, LogTail
 from poller.results import lmeval

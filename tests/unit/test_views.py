@@ -27,7 +27,7 @@ from poller.api.settings import Settings
 from poller.cycle.reconciler import Reconciler
 from poller.decisions import decide
 from poller.decisions.actions import DeleteJob, PatchStatus
-from poller.decisions.decide import Observed
+from poller.decisions.observed import Observed
 from poller.decisions.views import FINISHED_SPEC_KEYS, FINISHED_STATUS_OMITS, JobView, PodView
 from poller.results.lmeval import parse_scores
 from poller.timefmt import format_time
