@@ -275,21 +275,7 @@ def build_pod(
         ocioutput.oci_volumes(spec),
     ):
         volumes, mounts = volumes + extra_volumes, mounts + extra_mounts
-    init_containers: list[dict[str, Any]] = []
-    if settings.driver_image:
-        volumes.append({"name": "driver", "emptyDir": {}})
-        mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
-        init_containers.append(_driver_init_container(settings))
-    try:
-        init_containers += gittasks.init_containers(
-            spec, settings, _security_context(), run_as_user is not None, "tmp", CUSTOM_TASKS_ROOT
-        )
-    except gittasks.GitPodError as error:
-        raise JobPodError(str(error)) from None
-    volumes += gittasks.volumes(spec)
-    mounts += gittasks.main_mounts(spec, CUSTOM_TASKS_ROOT)
-    if (fetch := offline.fetch_container(spec, driver_command(settings))) is not None:
-        init_containers.append(_with_profile(fetch, settings))
+    init_containers = _init_containers(spec, settings, run_as_user, volumes, mounts)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": settings.job_service_account,
@@ -310,22 +296,60 @@ def build_pod(
         volumes.append({"name": f"{sidecar.name}-tmp", "emptyDir": {}})
     if init_containers:
         pod_spec["initContainers"] = [kubelet_literal_container(c) for c in init_containers]
-    if spec.pod and spec.pod.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.pod.node_selector)
-    if spec.pod and spec.pod.affinity:
-        pod_spec["affinity"] = spec.pod.affinity.model_dump(by_alias=True, exclude_none=True)
-    if spec.pod and spec.pod.priority_class_name:
-        pod_spec["priorityClassName"] = spec.pod.priority_class_name
-    if spec.pod and spec.pod.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in spec.pod.tolerations
-        ]
+    pod_spec.update(_placement(spec))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(name, namespace, uid, spec),
         "spec": pod_spec,
     }
+
+
+def _init_containers(
+    spec: api.LMEvalJobSpec,
+    settings: Settings,
+    run_as_user: int | None,
+    volumes: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The init containers, in the order they run: the driver's copy (setting
+    driver-image), the Git clones (spec.customTasks[].git), the storage fetch
+    (spec.offline); the volumes and main-container mounts they need are added
+    to `volumes` and `mounts`."""
+    init_containers: list[dict[str, Any]] = []
+    if settings.driver_image:
+        volumes.append({"name": "driver", "emptyDir": {}})
+        mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
+        init_containers.append(_driver_init_container(settings))
+    try:
+        init_containers += gittasks.init_containers(
+            spec, settings, _security_context(), run_as_user is not None, "tmp", CUSTOM_TASKS_ROOT
+        )
+    except gittasks.GitPodError as error:
+        raise JobPodError(str(error)) from None
+    volumes += gittasks.volumes(spec)
+    mounts += gittasks.main_mounts(spec, CUSTOM_TASKS_ROOT)
+    if (fetch := offline.fetch_container(spec, driver_command(settings))) is not None:
+        init_containers.append(_with_profile(fetch, settings))
+    return init_containers
+
+
+def _placement(spec: api.LMEvalJobSpec) -> dict[str, Any]:
+    """Where the pod may run, as spec.pod asks: node selector, affinity,
+    priority class, tolerations (only the ones it sets)."""
+    pod = spec.pod
+    placement: dict[str, Any] = {}
+    if pod and pod.node_selector:
+        placement["nodeSelector"] = dict(pod.node_selector)
+    if pod and pod.affinity:
+        placement["affinity"] = pod.affinity.model_dump(by_alias=True, exclude_none=True)
+    if pod and pod.priority_class_name:
+        placement["priorityClassName"] = pod.priority_class_name
+    if pod and pod.tolerations:
+        placement["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in pod.tolerations
+        ]
+    return placement
 
 
 def _job_volumes(
