@@ -230,8 +230,17 @@ def functions(lay: Layout) -> list[tuple[int, str]]:
 class Trip:
     files: list[str] = field(default_factory=list)
     returns_up: int = 0
+    # the returns whose caller is in another layer (folder) than the callee
+    layer_returns: int = 0
     pairs: set[tuple[str, str]] = field(default_factory=set)
     max_depth: int = 0
+
+
+def _folder(file: str) -> str:
+    """The layer of an operator file: its folder under poller/, or itself at the root."""
+    parts = Path(file).parts
+    below = parts[len(parts) - 1 - parts[::-1].index("poller") + 1 :]
+    return below[0] if len(below) > 1 else below[0].removesuffix(".py")
 
 
 class Tracer:
@@ -269,6 +278,8 @@ class Tracer:
             if stack and stack[-1][0] != file:
                 trip.returns_up += 1
                 trip.pairs.add((file, stack[-1][0]))
+                if _folder(file) != _folder(stack[-1][0]):
+                    trip.layer_returns += 1
             if frame is self.local.top:
                 self.local.stack = self.local.trip = self.local.top = None
 
@@ -409,21 +420,24 @@ def report(args: argparse.Namespace) -> str:
         "Files = distinct operator files whose frames are entered while the method runs (its own ",
         "included). Returns up = `return` events of an operator frame whose nearest enclosing ",
         "operator frame is in another file (stdlib and third-party frames in between are skipped; ",
-        "a generator's `yield` is a return event too); distinct = distinct (from file, to file) ",
+        "a generator's `yield` is a return event too); to another layer = those whose two files ",
+        "are in different folders (a module directly in poller/ is a layer of its own, so in a ",
+        "flat package every return up is one); distinct = distinct (from file, to file) ",
         "pairs of those. Depth = the most operator files stacked at once (consecutive frames ",
         "of one file count once). Other threads are followed from where they enter the method.\n",
     )
     add(
-        "| method | class in | test | pytest exit | trips | files | returns up | distinct | depth |"
+        "| method | class in | test | pytest exit | trips | files | returns up | to another "
+        "layer | distinct | depth |"
     )
-    add("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    add("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     files = {str(p.resolve()) for p in lay.mods.values()} | {str(p) for p in lay.mods.values()}
     entered: list[str] = []
     for spec, nodeid in ((args.carry_out, args.carry_out_test), (args.gather, args.gather_test)):
         cls, _, method = spec.partition(".")
         where = find_class(lay, cls, method)
         if args.no_trips or where is None:
-            add(f"| `{spec}` | {where or 'not found'} | `{nodeid}` | not run | | | | | |")
+            add(f"| `{spec}` | {where or 'not found'} | `{nodeid}` | not run | | | | | | |")
             continue
         exit_code, trips = run_trip(repo, nodeid, spec, files)
         t = trips[0] if trips else Trip()
@@ -431,7 +445,8 @@ def report(args: argparse.Namespace) -> str:
         entered.append(f"- `{spec}` ({len(trips)} trip(s), the first shown): {listed}")
         add(
             f"| `{spec}` | `{lay.mods[where].relative_to(repo)}` | `{nodeid}` | {exit_code} | ",
-            f"{len(trips)} | **{len(t.files)}** | **{t.returns_up}** | {len(t.pairs)} | ",
+            f"{len(trips)} | **{len(t.files)}** | **{t.returns_up}** | **{t.layer_returns}** | ",
+            f"{len(t.pairs)} | ",
             f"{t.max_depth} |",
         )
     out += ["", *entered, "", "## 6. Duplicates (`duplicates --most 200`)\n"]
