@@ -104,7 +104,17 @@ _setup_step() {  # _setup_step TITLE DETAIL COMMAND...: run COMMAND, print one l
 # runner starts job pods with this Python as their "image") and survive `-S`
 # and `-I`, while `<clone>/.venv/bin/python` imports this clone's code however
 # it is started. `.venv` is the name editors look for, and .gitignore has it.
-key=$( (cat pyproject.toml; python3 --version; echo "dependencies only, no project") \
+# The key is what the environment holds: the build requirements and the
+# dependencies with every extra, not the whole pyproject.toml. An edit of the
+# import contracts or a tool's settings must not make another 1.2 GB
+# environment (kept for a day, see below): a day of such edits once filled
+# the disk until the real node's kubelet evicted the suite's pods.
+_setup_deps=$(python3 -c 'import json, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))
+held = [p["build-system"]["requires"], p["project"]["dependencies"],
+        p["project"].get("optional-dependencies", {})]
+print(json.dumps(held, sort_keys=True))') || _setup_deps=$(cat pyproject.toml)
+key=$( (echo "$_setup_deps"; python3 --version; echo "dependencies only, no project") \
     | sha256sum | cut -c1-16)
 venv=$cache/venv-$key
 layer=$repo/.venv
