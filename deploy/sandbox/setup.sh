@@ -86,7 +86,7 @@ _setup_step() {  # _setup_step TITLE DETAIL COMMAND...: run COMMAND, print one l
 # -- Python ----------------------------------------------------------------------
 #
 # Two layers, because the environment is expensive and the code is not:
-# * $venv, shared by every clone and keyed by pyproject.toml: the project's
+# * $venv, shared by every clone and keyed by its dependencies: the project's
 #   dependencies (lm-eval, kubernetes, mypy, ...; about 1.2 GB, minutes to
 #   make) and NOT the project itself. One shared editable install could point
 #   at one clone only: setup.sh used to re-point it at whichever clone sourced
@@ -118,7 +118,7 @@ key=$( (echo "$_setup_deps"; python3 --version; echo "dependencies only, no proj
     | sha256sum | cut -c1-16)
 venv=$cache/venv-$key
 layer=$repo/.venv
-# Every change of pyproject.toml makes a new shared environment. An old one is
+# Every change of the dependencies makes a new shared environment. An old one is
 # removed once no setup has used it for this many hours (each marks the one it
 # uses), unless it is the most recently used other one: a clone still on an
 # older pyproject.toml, or a suite started from one, keeps its environment.
