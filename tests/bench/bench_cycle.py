@@ -164,7 +164,7 @@ FIRST_ROUND = "sweep of finished jobs: first round"
 POD_SETTINGS = Settings.model_validate({"pod-image": BASE_SETTINGS["pod-image"]})
 
 
-def _has_sweep() -> bool:
+def has_sweep() -> bool:
     """Whether the measured revision has the sweep of finished jobs (poller/sweep.py, later
     poller/cycle/sweep.py): before it, there was no start-up round to wait out."""
     for name in ("poller.cycle.sweep", "poller.sweep"):
@@ -964,7 +964,7 @@ class Bench:
                 if time.monotonic() > deadline or service.poll() is not None:
                     raise AssertionError(f"latency jobs not Running: {states()}")
                 time.sleep(0.5)
-            if _has_sweep():
+            if has_sweep():
                 # Measured in the steady state, as the idle minute is: a fresh
                 # process's sweep reads every finished job whole first (start-up).
                 deadline = time.monotonic() + 1800

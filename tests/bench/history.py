@@ -78,7 +78,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import datetime as dt
-import importlib.util
 import math
 import os
 import re
@@ -103,6 +102,7 @@ from bench_cycle import (
     Bench,
     Population,
     fmt,
+    has_sweep,
     log,
     write_json,
 )
@@ -134,18 +134,6 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 # -- what the apiserver and the service say about themselves ------------------------
-
-
-def _has_sweep() -> bool:
-    """Whether the measured revision has the sweep of finished jobs (poller/sweep.py, later
-    poller/cycle/sweep.py): before it, there was no start-up round to wait out."""
-    for name in ("poller.cycle.sweep", "poller.sweep"):
-        try:
-            if importlib.util.find_spec(name) is not None:
-                return True
-        except ModuleNotFoundError:
-            continue
-    return False
 
 
 def apiserver_counters(bench: Bench) -> dict[tuple[str, str, str], float]:
@@ -309,7 +297,7 @@ def idle_minute(bench: Bench, tag: str, interval: float) -> dict[str, Any]:
     try:
         with service(bench, tag) as (proc, port, log_path):
             wait_alive(proc, args.warmup_seconds, log_path)
-            if _has_sweep():
+            if has_sweep():
                 # The sweep's first round (whole objects, at once) is start-up,
                 # not the idle steady state: the window opens after it.
                 started = time.monotonic()
