@@ -30,6 +30,7 @@ __all__ = [
     "ENV_OUTPUT_ROOT",
     "ENV_RUN_ID",
     "ENV_SAFE_PATH",
+    "ENV_TERMINATION_LOG",
     "EVENT_CANCELLED",
     "EVENT_COMPLETED",
     "EVENT_FAILED",
@@ -41,13 +42,18 @@ __all__ = [
     "EXIT_DRIVER_ERROR",
     "EXIT_NO_RESULTS",
     "EXIT_OK",
+    "EXIT_SHARD_REFUSED",
+    "MAX_SHARDS",
     "OPT_OUTPUT_ROOT",
+    "SHARD_MODULE",
     "RunArgs",
     "driver_command",
     "fetch_s3_argv",
     "option_flag",
     "release_argv",
     "run_argv",
+    "shard_merge_argv",
+    "shard_run_argv",
 ]
 
 # Exit codes of the driver. A child that exits with N != 0 makes the driver
@@ -57,6 +63,10 @@ EXIT_OK = 0
 EXIT_NO_RESULTS = 70
 EXIT_CANCELLED = 71
 EXIT_DRIVER_ERROR = 72
+# A shard's child (driver.shards) refused the job before any request (too few
+# documents, sampled generation, ...; argparse's own code for bad arguments):
+# running it again would refuse again, so the poller fails the job at once.
+EXIT_SHARD_REFUSED = 2
 
 # The ``event`` of each marker; the payload of each is typed in driver.protocol.
 EVENT_STARTED: Final = "started"
@@ -126,6 +136,9 @@ ENV_RUN_ID = "LMEVAL_RUN_ID"
 # driver adds it to the image's own and points the child's HTTP clients at
 # the result (driver.trust).
 ENV_CA_BUNDLE = "LMEVAL_CA_BUNDLE"
+# Where a shard writes its termination message when not /dev/termination-log
+# (the sandbox's local runner, which plays the kubelet, sets it per container).
+ENV_TERMINATION_LOG = "LMEVAL_TERMINATION_LOG"
 # Python's switch that keeps the working directory (and a script's) off the
 # front of sys.path: the driver sets it for the child whatever its argv says,
 # since lm_eval's working directory may be a view of a shared cache.
@@ -166,3 +179,44 @@ def fetch_s3_argv(
     """The argv that copies S3 prefix `path` into `dest` (the fetch-storage init container)."""
     argv = [*command, CMD_FETCH_S3, _option("--dest", dest), _option("--path", path)]
     return argv if verify_ssl else [*argv, "--no-verify-ssl"]
+
+
+# Sharded jobs (spec.parallelism N above 1): each shard pod's driver runs
+# `shard_run_argv` as its child instead of ``python -P -m lm_eval``, the merge
+# pod's driver `shard_merge_argv` (driver/shards.py; the driver appends
+# ``--output_path`` as for any child). `root` is the directory on the job's
+# claim that all its shards and the merge share. The child exits 2, with one
+# line on stderr and in the termination message file, for a job it refuses.
+SHARD_MODULE = "driver.shards"
+MAX_SHARDS = 32
+
+
+def shard_run_argv(index: int, count: int, root: str, lm_eval_args: Sequence[str]) -> list[str]:
+    """The child argv of shard `index` (0-based) of `count`; `lm_eval_args` as for lm_eval."""
+    return [
+        "python",
+        "-P",
+        "-m",
+        SHARD_MODULE,
+        "run",
+        _option("--index", index),
+        _option("--count", count),
+        _option("--root", root),
+        END_OF_OPTIONS,
+        *lm_eval_args,
+    ]
+
+
+def shard_merge_argv(count: int, root: str, lm_eval_args: Sequence[str]) -> list[str]:
+    """The child argv of the merge of `count` shards; `lm_eval_args` as for lm_eval."""
+    return [
+        "python",
+        "-P",
+        "-m",
+        SHARD_MODULE,
+        "merge",
+        _option("--count", count),
+        _option("--root", root),
+        END_OF_OPTIONS,
+        *lm_eval_args,
+    ]

@@ -62,7 +62,7 @@ from poller.api.base import (
     job_owner_reference,
 )
 from poller.api.gate import DEFAULT_GATE_METRIC, GATE_METRIC, GateStatus, RegressionGate
-from poller.api.lmevaljob import LMEvalJobSpec
+from poller.api.lmevaljob import MAX_SHARDS, LMEvalJobSpec
 from poller.api.pod import (
     Affinity,
     ArgvList,
@@ -111,6 +111,7 @@ from poller.api.status import (
     PROVENANCE_MESSAGE_MAX,
     PROVENANCE_TASK_HASHES_MAX,
     PROVENANCE_TEXT_MAX,
+    SHARD_MESSAGE_MAX,
     Condition,
     ConditionType,
     ItemScoresStatus,
@@ -120,6 +121,8 @@ from poller.api.status import (
     Progress,
     Provenance,
     Seeds,
+    ShardState,
+    ShardStatus,
     TaskSourceStatus,
 )
 
@@ -145,6 +148,7 @@ __all__ = [
     "LABEL_VALUE",
     "LIMIT",
     "LIMIT_LENGTH_MAX",
+    "MAX_SHARDS",
     "MOUNT_PATH",
     "PLURAL",
     "PROVENANCE_ARGV_MAX",
@@ -158,6 +162,7 @@ __all__ = [
     "QUANTITY",
     "REPO_PATH",
     "RESOURCE_NAME",
+    "SHARD_MESSAGE_MAX",
     "SHORT_NAME",
     "SYSTEM_INSTRUCTION_CHARS_MAX",
     "TASK_NAME",
@@ -218,6 +223,8 @@ __all__ = [
     "SecretKeyRef",
     "SecretVolumeRef",
     "Seeds",
+    "ShardState",
+    "ShardStatus",
     "Sidecar",
     "SidecarEnv",
     "TaskSourceStatus",

@@ -30,6 +30,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
+from driver import protocol
 from poller.api import rules
 from poller.api.base import (
     ARG_PAIRS_MAX,
@@ -87,6 +88,33 @@ _GATE_RULES: list[JsonValue] = [
 ]
 
 
+# The most shards one job may run (the driver's bound: each is a pod and a Kueue
+# pod set member, and status keeps one record per shard in every LIST of jobs).
+MAX_SHARDS = protocol.MAX_SHARDS
+# Shards keep their per-sample outputs and response caches on a claim: where
+# they meet for the merge, and what a restarted shard resumes from.
+_SHARDS_NEED_CLAIM = (
+    "spec.parallelism above 1 needs spec.outputs.pvcName or spec.outputs.pvcManaged: the "
+    "shards keep their per-sample outputs and response caches on that claim, where the merge "
+    "reads them and a restarted shard resumes from them"
+)
+_SHARDS_RULE: dict[str, JsonValue] = {
+    "rule": "!has(self.parallelism) || self.parallelism == 1 || (has(self.outputs) && "
+    "(has(self.outputs.pvcName) || has(self.outputs.pvcManaged)))",
+    "message": _SHARDS_NEED_CLAIM,
+    "fieldPath": ".parallelism",
+}
+
+
+def _shards_problem(spec: LMEvalJobSpec) -> str | None:
+    if (spec.parallelism or 1) == 1:
+        return None
+    outputs = spec.outputs
+    if outputs is None or (outputs.pvc_name is None and outputs.pvc_managed is None):
+        return _SHARDS_NEED_CLAIM
+    return None
+
+
 # trust_remote_code in spec.modelArgs runs the model repository's Python: it
 # needs spec.allowCodeExecution (which itself needs the setting, podargv).
 _REMOTE_CODE_RULE: dict[str, JsonValue] = dict(rules.remote_code_rule())
@@ -106,7 +134,7 @@ class LMEvalJobSpec(_Model):
             "description": "What to evaluate and how the job pod may look. Once the job's "
             "first pod exists, only cancel, suspend, ttlSecondsAfterFinished and "
             "activeDeadlineSeconds may change: the spec is the record of what ran.",
-            rules.VALIDATIONS: [_FEWSHOT_RULE, *_GATE_RULES, _REMOTE_CODE_RULE],
+            rules.VALIDATIONS: [_FEWSHOT_RULE, *_GATE_RULES, _REMOTE_CODE_RULE, _SHARDS_RULE],
         }
     )
 
@@ -118,6 +146,8 @@ class LMEvalJobSpec(_Model):
             raise ValueError(problem)
         if self.gate is not None and self.baseline is None:
             raise ValueError("spec.gate needs spec.baseline (the LMEvalJob to compare with)")
+        if (problem := _shards_problem(self)) is not None:
+            raise ValueError(problem)
         return self
 
     model: Annotated[str, Field(pattern=ARGV_WORD, max_length=128)] = Field(
@@ -175,6 +205,22 @@ class LMEvalJobSpec(_Model):
         default=None,
         description="Keep per-sample outputs (--log_samples), which gives per-item scores for "
         "lmeval compare and a regression gate; default false (always on with spec.gate).",
+    )
+    parallelism: Annotated[int, Field(ge=1, le=MAX_SHARDS)] | None = Field(
+        default=None,
+        description="Shards: run the evaluation as this many pods at once, each evaluating "
+        "every N-th document of every task (lm_eval --samples), then one merge pod that "
+        "computes the job's results from the shards' per-sample outputs with lm_eval's own "
+        "aggregation code, equal to what one unsharded run writes. Default 1 (one pod, no "
+        f"merge); at most {MAX_SHARDS}. Above 1 it needs spec.outputs.pvcName or "
+        "spec.outputs.pvcManaged: each shard keeps its per-sample outputs and its model "
+        "response cache there (lm_eval --use_cache), so a shard that is preempted, evicted or "
+        "lost with its node starts again and sends only the requests not answered yet. The "
+        "shards of a ReadWriteOnce claim run on one node (a required pod affinity); a "
+        "failed shard is retried up to 3 times (4 attempts) before the job fails naming it. "
+        "A task with fewer documents than shards, and sampled generation (do_sample), end the "
+        "job Failed at once saying so. Under Kueue the shards are one Workload whose pod set "
+        "counts them all; max-running-jobs counts each shard.",
     )
     batch_size: Annotated[str, Field(pattern=BATCH_SIZE)] | None = Field(
         default=None,

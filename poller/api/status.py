@@ -24,6 +24,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from driver import protocol
 from poller.api.base import _Model
 from poller.api.gate import GateStatus
 
@@ -35,6 +36,7 @@ __all__ = [
     "PROVENANCE_TASK_HASHES_MAX",
     "PROVENANCE_TEXT_MAX",
     "REASON_DOCS",
+    "SHARD_MESSAGE_MAX",
     "STATE_DOCS",
     "Condition",
     "ConditionType",
@@ -45,6 +47,8 @@ __all__ = [
     "Progress",
     "Provenance",
     "Seeds",
+    "ShardState",
+    "ShardStatus",
     "TaskSourceStatus",
 ]
 
@@ -190,6 +194,56 @@ class Progress(_Model):
     )
     update_time: str | None = Field(
         default=None, description="When the poller last changed it (RFC 3339)."
+    )
+
+
+class ShardState(StrEnum):
+    PENDING = "Pending"
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+# status.shards[].message's bound: it quotes the shard container's termination
+# message, which the pod writes.
+SHARD_MESSAGE_MAX = 512
+
+
+class ShardStatus(_Model):
+    """One shard of a job with spec.parallelism above 1, as the poller last saw it."""
+
+    index: Annotated[int, Field(ge=0, le=protocol.MAX_SHARDS - 1)] = Field(
+        description="Which shard: 0 to spec.parallelism - 1 (at most "
+        f"{protocol.MAX_SHARDS - 1}); it evaluates the "
+        "documents whose index modulo spec.parallelism is this."
+    )
+    state: ShardState = Field(
+        description="Pending (no pod: not made yet, or stopped by a suspend or Kueue and "
+        "waiting to start again), Scheduled, Running, Succeeded (its outputs are on the "
+        "claim; its pod was deleted), or Failed (its last attempt failed; retried while "
+        "attempts remain)."
+    )
+    attempt: int = Field(
+        default=0,
+        description="How many pods the poller has created for this shard (the current pod's "
+        "proof of origin names this number); default 0, none yet.",
+    )
+    failures: int = Field(
+        default=0,
+        description="How many of its attempts failed (a pod stopped by a suspend or by Kueue "
+        "does not count); default 0. The job fails when it reaches 4.",
+    )
+    pod_uid: str | None = Field(
+        default=None,
+        alias="podUID",
+        description="UID of the shard's current pod, once the poller saw it.",
+    )
+    message: Annotated[str, Field(max_length=SHARD_MESSAGE_MAX)] | None = Field(
+        default=None,
+        description="What its last pod said when it ended (its termination message: how many "
+        "requests the response cache answered, or why it failed), at most "
+        f"{SHARD_MESSAGE_MAX} characters.",
     )
 
 
@@ -406,6 +460,16 @@ class LMEvalJobStatus(_Model):
     )
     progress: Progress | None = Field(
         default=None, description="The driver's latest progress report, while lm_eval runs."
+    )
+    shards: list[ShardStatus] | None = Field(
+        default=None,
+        description="Each shard's state, with spec.parallelism above 1 (one record per shard, "
+        "in index order).",
+    )
+    shards_done: str | None = Field(
+        default=None,
+        description="How many shards succeeded, as done/total (e.g. 3/8), with "
+        "spec.parallelism above 1; the Shards column of kubectl get.",
     )
     results: str | None = Field(
         default=None,

@@ -49,7 +49,13 @@ from poller.decisions.actions import (
     ReleaseHold,
     StoreResults,
 )
-from poller.decisions.ownership import PodTrust, foreign_pod_message, judge_pod, not_the_jobs
+from poller.decisions.ownership import (
+    PodTrust,
+    foreign_pod_message,
+    judge_pod,
+    judge_shard,
+    not_the_jobs,
+)
 from poller.decisions.views import JobView, PodView, controller_reference, pod_fingerprint
 from poller.jobpod import offline, podspec
 from poller.kube.client import ApiError, Conflict, Kube, NotOwned
@@ -102,11 +108,15 @@ class Actuator:
         current = job
         pod: AdmittedPod | None = None
         store_problem: str | None = None
+        prepared = False
         for action in decision.actions:
             if isinstance(action, CreatePod):
-                pod = self._create_pod(job, action, settings, now, tally)
-                if pod is None:
+                made = self._create_pod(job, action, settings, now, tally, prepared)
+                if made is None:
                     return current
+                prepared = True
+                if action.shard is None:
+                    pod = made
             elif isinstance(action, StoreResults):
                 store_problem = self._store_results(action)
             elif isinstance(action, ArchiveLog):
@@ -181,23 +191,26 @@ class Actuator:
         settings: Settings,
         now: dt.datetime,
         tally: Tally,
+        prepared: bool = False,
     ) -> AdmittedPod | None:
-        """Create the job pod (stamped with its proof of origin); its UID and
-        fingerprint as admitted, or None when the job could not get it (the job
-        was failed, saying why)."""
-        # Custom tasks: checked for code and frozen into the job's snapshots.
-        problem = tasksnapshot.prepare_custom_tasks(self.kube, job, settings)
-        cause = None
-        if problem is None and (problem := self._results_configmap_problem(job)) is not None:
-            cause = "ForeignObject"
-        if problem is None and action.claim is not None:
-            problem, cause = self._outputs_claim(job, action.claim)
-        elif problem is not None:
-            # Ours, made by an earlier attempt: what that attempt wrote there stays.
-            self._release_kept_claim(job)
-        if problem is not None:
-            tally.add(patches=self.writes.fail(job, now, problem, cause=cause))
-            return None
+        """Create the job pod, or a shard's (stamped with its proof of origin); its
+        UID and fingerprint as admitted, or None when the job could not get it (the
+        job was failed, saying why). `prepared`: an earlier pod of this decision
+        (another shard) already checked the custom tasks, ConfigMap and claim."""
+        if not prepared:
+            # Custom tasks: checked for code and frozen into the job's snapshots.
+            problem = tasksnapshot.prepare_custom_tasks(self.kube, job, settings)
+            cause = None
+            if problem is None and (problem := self._results_configmap_problem(job)) is not None:
+                cause = "ForeignObject"
+            if problem is None and action.claim is not None:
+                problem, cause = self._outputs_claim(job, action.claim)
+            elif problem is not None:
+                # Ours, made by an earlier attempt: what that attempt wrote there stays.
+                self._release_kept_claim(job)
+            if problem is not None:
+                tally.add(patches=self.writes.fail(job, now, problem, cause=cause))
+                return None
         manifest = self.pod_proof().stamp(action.manifest, job.uid, action.attempt)
         try:
             created = self.kube.create_pod(manifest)
@@ -212,7 +225,7 @@ class Actuator:
             tally.add(pods_created=1)
             meta = created.get("metadata") or {}
             return AdmittedPod(str(meta.get("uid") or ""), pod_fingerprint(created.get("spec")))
-        return self._existing_pod(job, manifest["metadata"]["name"], now, tally)
+        return self._existing_pod(job, manifest["metadata"]["name"], now, tally, action.shard)
 
     def _outputs_claim(self, job: JobView, claim: dict[str, Any]) -> tuple[str | None, str | None]:
         """Make the job's outputs claim (outputs.pvcManaged); why it cannot be (and
@@ -273,7 +286,7 @@ class Actuator:
             log.info("released kept claim %s/%s from %s", job.namespace, name, job.name)
 
     def _existing_pod(
-        self, job: JobView, name: str, now: dt.datetime, tally: Tally
+        self, job: JobView, name: str, now: dt.datetime, tally: Tally, shard: int | None = None
     ) -> AdmittedPod | None:
         """The name was taken: adopt the pod if this poller made it, else fail the job.
 
@@ -286,7 +299,7 @@ class Actuator:
             raise Conflict(f"pod {job.namespace}/{name} existed and is gone: retrying")
         pod = PodView.from_object(found, podspec.MAIN_CONTAINER, self.pod_proof().attempt_of)
         # The attempt being created is not recorded yet, which judge_pod reads as ADOPT.
-        trust, why = judge_pod(job, pod)
+        trust, why = judge_pod(job, pod) if shard is None else judge_shard(job, shard, pod)
         if trust is PodTrust.FOREIGN:
             log.warning("pod %s/%s squats %s's pod name: %s", job.namespace, name, job.name, why)
             message = foreign_pod_message(pod, why)

@@ -54,7 +54,7 @@ from poller import api
 from poller.api.settings import Settings
 from poller.cycle.podio import PodIO
 from poller.cycle.retained import JobKey, RetainedJobs
-from poller.decisions import kueueadmission, outcome
+from poller.decisions import kueueadmission, outcome, shards
 from poller.decisions.actions import LogRequest, Needs
 from poller.decisions.kueueadmission import Flavor, KueueView, Priority, WorkloadView
 from poller.decisions.observed import Observed
@@ -114,6 +114,8 @@ class Listing:
     jobs: list[JobView] = field(default_factory=list)
     # Each job's pod (by job UID): the pod under the job's pod name, if any.
     pods_by_job: dict[str, PodView] = field(default_factory=dict)
+    # A sharded job's shard pods (by job UID), by index (None: none there).
+    shards_by_job: dict[str, tuple[PodView | None, ...]] = field(default_factory=dict)
     # How many objects were listed.
     jobs_listed: int = 0
     pods_listed: int = 0
@@ -210,6 +212,10 @@ class Observer:
             pod = by_name.get((job.namespace, podspec.pod_name(job.name, job.uid)))
             if pod is not None:
                 listing.pods_by_job[job.uid] = pod
+            if job.shard_count > 1:
+                listing.shards_by_job[job.uid] = tuple(
+                    by_name.get((job.namespace, name)) for name in _shard_names(job)
+                )
         if any(job.queue_name for job in listing.jobs):
             self._list_workloads(listing, scopes)
         return listing
@@ -292,12 +298,15 @@ class Observer:
         pool: ThreadPoolExecutor,
     ) -> None:
         """The pod of each Scheduled or Running job that is not among the live pods:
-        it ended (or is gone), and the job's decision needs to know which."""
+        it ended (or is gone), and the job's decision needs to know which. So
+        too each shard pod that status records as made and that is not listed:
+        read once, as its shard's record then says it ended and its pod goes."""
         wanted = [
             (job.namespace, name)
             for job in listing.jobs
             if job.status.state in _POD_STATES
-            and (job.namespace, name := podspec.pod_name(job.name, job.uid)) not in by_name
+            for name in _expected_pods(job)
+            if (job.namespace, name) not in by_name
         ]
         found = pool.map(lambda key: self.kube.find_pod(*key), wanted)
         for obj in found:
@@ -464,6 +473,23 @@ class Observer:
                 break
             view = self.reads.read_log(job, replace(first, tail_lines=window))
         return view
+
+
+def _shard_names(job: JobView) -> list[str]:
+    return [podspec.shard_pod_name(job.name, job.uid, k) for k in range(job.shard_count)]
+
+
+def _expected_pods(job: JobView) -> list[str]:
+    """The names of the pods a Scheduled or Running job's status says exist: its
+    pod, or in a sharded job's shard stage the shards made and not yet over."""
+    if not shards.in_shard_stage(job):
+        return [podspec.pod_name(job.name, job.uid)]
+    made = (api.ShardState.SCHEDULED, api.ShardState.RUNNING)
+    return [
+        podspec.shard_pod_name(job.name, job.uid, record.index)
+        for record in shards.records(job)
+        if record.state in made
+    ]
 
 
 def _unique(keys: Iterable[JobKey]) -> list[JobKey]:

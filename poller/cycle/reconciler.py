@@ -227,7 +227,10 @@ class Reconciler:
                     continue
                 pod, now = pods_by_job.get(job.uid), self.clock()
                 kueue, gate = gated.get(job.uid), listing.gate_view(job)
-                listed = Observed(job, pod, queue.get(job.uid), kueue=kueue, gate=gate)
+                shard_pods = listing.shards_by_job.get(job.uid, ())
+                listed = Observed(
+                    job, pod, queue.get(job.uid), kueue=kueue, gate=gate, shards=shard_pods
+                )
                 progress_due = budget > len(progress) and self._progress_due(job, pod, settings)
                 looked = self._first_look(listed, settings, now, progress_due)
                 if isinstance(looked, Decision) and not looked.actions:

@@ -10,6 +10,7 @@ returns frozen data and is called once per job per cycle.
 * ``actions``: what a decision asks to read first, and the actions it returns;
 * ``decide``: one job's decision; ``routing``: which branch it takes;
 * ``scheduling``: how a job gets its pod (made, adopted, or queued for a slot);
+* ``shards``: a sharded job's shard pods (spec.parallelism), before its merge pod;
 * ``concurrency``: who may start under ``max-running-jobs``, and who waits;
 * ``kueueadmission``: Kueue's admission of a job's Workload;
 * ``outcome``: how a finished evaluation's outcome is read;

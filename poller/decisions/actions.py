@@ -93,6 +93,9 @@ class CreatePod:
     attempt: int = 1
     # outputs.pvcManaged: the claim made (or found, if the job's own) before the pod.
     claim: dict[str, Any] | None = None
+    # A shard's pod (spec.parallelism above 1): its index. Its UID is recorded
+    # in status.shards when the next cycle sees it, not in status.podUID.
+    shard: int | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ oldest waiting job of each namespace in turn (namespaces ordered by their
 oldest waiter), so one team's hundred submissions do not keep another
 team's single job waiting behind all of them. Running jobs are those whose
 pod is not finished yet; the remaining slots are given to the head of the
-queue, and every other waiting job learns its place.
+queue, and every other waiting job learns its place. A slot is a pod: a job
+with spec.parallelism N takes N (at most the limit) from its first shard to
+its merge pod's end.
 """
 
 from __future__ import annotations
@@ -33,7 +35,17 @@ def _waiting(job: JobView, pod: PodView | None) -> bool:
 def _occupies_slot(job: JobView, pod: PodView | None) -> bool:
     if pod is not None:
         return pod.main.state != "terminated" and job.status.state != api.JobState.COMPLETE
-    return False
+    # A sharded job between its first shard and its merge pod holds its slots.
+    return job.shard_count > 1 and job.status.state in (
+        api.JobState.SCHEDULED,
+        api.JobState.RUNNING,
+    )
+
+
+def _slots(job: JobView, limit: int) -> int:
+    """The slots a job takes: one per pod it runs at once (a sharded job's shards),
+    never more than the limit, so that a job wider than it still runs, alone."""
+    return min(job.shard_count, limit)
 
 
 def fair_order(jobs: Iterable[JobView]) -> list[JobView]:
@@ -62,8 +74,16 @@ def plan_queue(
     if limit <= 0:
         return {}
     all_jobs = list(jobs)
-    running = sum(1 for job in all_jobs if _occupies_slot(job, pods.get(job.uid)))
+    running = sum(_slots(job, limit) for job in all_jobs if _occupies_slot(job, pods.get(job.uid)))
     waiting = fair_order(job for job in all_jobs if _waiting(job, pods.get(job.uid)))
     free = max(0, limit - running)
-    held = waiting[free:]
+    # In order: the head takes what it needs; the first that does not fit waits,
+    # and everyone behind it (a wide job is not overtaken for ever by narrow ones).
+    starting = 0
+    for job in waiting:
+        if _slots(job, limit) > free:
+            break
+        free -= _slots(job, limit)
+        starting += 1
+    held = waiting[starting:]
     return {job.uid: QueueSlot(position=index + 1, limit=limit) for index, job in enumerate(held)}

@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from poller import api
 from poller.api.settings import Settings
-from poller.decisions import kueueadmission, outcome, regression
+from poller.decisions import kueueadmission, outcome, regression, shards
 from poller.decisions.actions import (
     Action,
     ArchiveLog,
@@ -232,7 +232,7 @@ def what_to_observe(
     step = route(observed, now)
     if step is Step.RETENTION and gate is not None and not _kept(job, settings, now).actions:
         return Needs(gate_items=regression.needs_items(job, gate))
-    if step is Step.SCHEDULE:
+    if step is Step.SCHEDULE or (step is Step.SHARDS and shards.needs_pods(observed)):
         workload = kueue.workload if kueue is not None else None
         return Needs(namespace_uid=True, flavors=workload.flavors if workload else ())
     if step is Step.KUEUE_SUBMIT and job.priority_class:
@@ -258,7 +258,7 @@ def decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decision
     `what_to_observe` asked of it; `gate` when it has a regression gate
     (`poller.decisions.regression`), with the per-item scores read.
     """
-    decision = _decide(observed, settings, now)
+    decision = shards.stop_shards(observed, _decide(observed, settings, now))
     kueue = observed.kueue
     if kueue is None or any(isinstance(a, PatchWorkloadStatus) for a in decision.actions):
         return decision  # (a finished job's retention marks its workload itself)
@@ -302,6 +302,8 @@ def _decide(observed: Observed, settings: Settings, now: dt.datetime) -> Decisio
         return _suspend(observed, settings, now)
     if step is Step.SCHEDULE:
         return schedule(observed, settings, now)
+    if step is Step.SHARDS:
+        return shards.run_shards(observed, settings, now)
     if step is Step.OVERDUE:
         overdue = deadline_exceeded(job, now) or ""
         return _stop(job, pod, settings, now, R.FAILED, overdue, cause="DeadlineExceeded")
@@ -406,7 +408,10 @@ def _gated(
     `kueue`: `observed.kueue`, there)."""
     job, workload = observed.job, kueue.workload
     if step is Step.KUEUE_SUBMIT:
-        made = job_pod(job, settings, now, None)
+        # A sharded job's pod set is its shards (the merge pod runs after them,
+        # within the same admission).
+        count = job.shard_count
+        made = job_pod(job, settings, now, None, shard=0 if count > 1 else None)
         if isinstance(made, Decision):
             return made
         priority = kueue.priority
@@ -422,6 +427,7 @@ def _gated(
             namespace=job.namespace,
             queue=job.queue_name,
             pod=made[1],
+            count=count,
             priority=priority,
             submitted=submitted_for(job),
         )

@@ -329,9 +329,11 @@ def workload_manifest(
     pod: dict[str, Any],
     priority: Priority | None,
     submitted: str = "",
+    count: int = 1,
 ) -> dict[str, Any]:
     """The Workload for the pod `pod` (a `podspec.build_pod` manifest): one pod set
-    of count 1 with that pod's spec, owned by the job."""
+    of `count` such pods (a sharded job's shards: admitted together, so a job
+    never holds part of its quota), owned by the job."""
     spec = dict(pod["spec"])
     spec["containers"] = [_requests_with_limits(c) for c in spec.get("containers") or []]
     if spec.get("initContainers"):
@@ -342,7 +344,7 @@ def workload_manifest(
         "podSets": [
             {
                 "name": POD_SET,
-                "count": 1,
+                "count": count,
                 "template": {
                     "metadata": {"labels": dict(metadata.get("labels") or {})},
                     "spec": spec,

@@ -35,3 +35,6 @@ class Observed:
     kueue: KueueView | None = None
     # The regression gate's view (spec.gate), with the per-item scores read.
     gate: GateView | None = None
+    # spec.parallelism above 1: the pod under each shard's name, by index
+    # (None: none there), as listed or read.
+    shards: tuple[PodView | None, ...] = ()

@@ -49,6 +49,7 @@ __all__ = [
     "controller_uid",
     "foreign_pod_message",
     "judge_pod",
+    "judge_shard",
     "not_the_jobs",
 ]
 
@@ -62,19 +63,34 @@ class PodTrust(Enum):
 
 def judge_pod(job: JobView, pod: PodView) -> tuple[PodTrust, str]:
     """The verdict on `pod` for `job`, and for FOREIGN the reason in words."""
-    if pod.owner_uid != job.uid:
+    status = job.status
+    return _judge(job.uid, status.pod_attempt or 0, status.pod_uid, status.pod_fingerprint, pod)
+
+
+def judge_shard(job: JobView, index: int, pod: PodView) -> tuple[PodTrust, str]:
+    """`judge_pod` for the pod under shard `index`'s name, against that shard's
+    record in status (spec.parallelism above 1): the same rules, per shard. A
+    shard's pod is recorded once seen (ADOPT: record its attempt and UID)."""
+    record = next((s for s in job.status.shards or [] if s.index == index), None)
+    attempt = record.attempt if record is not None else 0
+    uid = record.pod_uid if record is not None else None
+    return _judge(job.uid, attempt, uid, None, pod)
+
+
+def _judge(
+    job_uid: str, recorded: int, recorded_uid: str | None, fingerprint: str | None, pod: PodView
+) -> tuple[PodTrust, str]:
+    if pod.owner_uid != job_uid:
         return PodTrust.FOREIGN, "its controller ownerReference is not this job"
     attempt = pod.proof_attempt
     if attempt is None:
         return PodTrust.FOREIGN, "it carries no valid proof that the poller created it"
-    recorded = job.status.pod_attempt or 0
     if attempt in (recorded, recorded + 1) and pod.altered:
         return PodTrust.ALTERED, pod.altered
     if attempt == recorded:
-        if job.status.pod_uid is None:
+        if recorded_uid is None:
             return PodTrust.ADOPT, ""
-        if job.status.pod_uid == pod.uid:
-            fingerprint = job.status.pod_fingerprint
+        if recorded_uid == pod.uid:
             if fingerprint and pod.fingerprint and fingerprint != pod.fingerprint:
                 return PodTrust.ALTERED, (
                     "its containers or their images are not the ones the apiserver admitted "
@@ -82,7 +98,7 @@ def judge_pod(job: JobView, pod: PodView) -> tuple[PodTrust, str]:
                 )
             return PodTrust.CURRENT, ""
         return PodTrust.FOREIGN, (
-            f"its UID {pod.uid} is not {job.status.pod_uid}, the pod the poller created: "
+            f"its UID {pod.uid} is not {recorded_uid}, the pod the poller created: "
             "the job's pod was deleted and replaced"
         )
     if attempt == recorded + 1:

@@ -17,7 +17,7 @@ import datetime as dt
 from enum import Enum
 
 from poller import api
-from poller.decisions import kueueadmission
+from poller.decisions import kueueadmission, shards
 from poller.decisions.kueueadmission import Gate
 from poller.decisions.observed import Observed
 from poller.decisions.ownership import PodTrust, judge_pod
@@ -56,6 +56,7 @@ class Step(Enum):
     POD_DELETING = "pod-deleting"
     STARTING = "starting"  # pending, or the container waits
     RUNNING = "running"
+    SHARDS = "shards"  # spec.parallelism above 1: make, watch and retry the shard pods
     # Under Kueue (`poller.decisions.kueueadmission`); an admitted job without a pod is SCHEDULE.
     KUEUE_SUBMIT = "kueue-submit"  # create the workload
     KUEUE_RESUBMIT = "kueue-resubmit"  # the job changed while waiting: a new workload
@@ -98,28 +99,43 @@ def route(observed: Observed, now: dt.datetime) -> Step:
         return Step.CANCEL
     if job.suspend_requested:
         return Step.SUSPEND
+    sharding = shards.in_shard_stage(job)
+    start = Step.SHARDS if sharding else Step.SCHEDULE
+    pods = [p for p in (pod, *observed.shards) if p is not None]
     if kueue is not None:
+        # A sharded job's pods stand together: one that runs is the one Kueue judges.
+        live = next((p for p in pods if not _is_over(p)), pods[0] if pods else None)
         verdict = kueueadmission.gate(
             state=state,
-            pod_exists=pod is not None,
-            pod_deleting=pod is not None and pod.deleting,
-            pod_phase=pod.phase if pod is not None else "",
-            main_state=pod.main.state if pod is not None else "",
+            pod_exists=live is not None,
+            pod_deleting=bool(pods) and all(p.deleting for p in pods),
+            pod_phase=live.phase if live is not None else "",
+            main_state=live.main.state if live is not None else "",
             workload=kueue.workload,
             wanted=submitted_for(job),
         )
+        if verdict is Gate.START:
+            return start
         if verdict in _GATED_STEPS:
             return _GATED_STEPS[verdict]
     if state == S.SUSPENDED:
-        # The old pod still going away: resume after.
-        return Step.NOTHING if pod is not None else Step.SCHEDULE
+        # The old pods still going away: resume after.
+        return Step.NOTHING if pods else start
     if deadline_exceeded(job, now) is not None:
         return Step.OVERDUE
+    if sharding:
+        return Step.QUEUED if state in (None, S.NEW) and queue is not None else Step.SHARDS
     if pod is None:
         if state in (None, S.NEW):
             return Step.QUEUED if queue is not None else Step.SCHEDULE
+        if job.shard_count > 1 and job.status.pod_attempt is None:
+            return Step.SCHEDULE  # every shard succeeded: the merge pod
         return Step.POD_VANISHED
     return _pod_step(pod)
+
+
+def _is_over(pod: PodView) -> bool:
+    return pod.main.state == "terminated" or pod.phase in ("Failed", "Succeeded")
 
 
 def spec_changed(job: JobView) -> bool:

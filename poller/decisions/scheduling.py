@@ -40,6 +40,7 @@ __all__ = [
     "queue_message",
     "queued",
     "schedule",
+    "validation_message",
 ]
 
 # Queued jobs whose status names their exact place (see queue_message).
@@ -59,20 +60,26 @@ def decide_failure(
     return Decision(draft.actions())
 
 
-def _validation_message(error: ValidationError) -> str:
+def validation_message(error: ValidationError) -> str:
+    """A refused spec's first problem, naming its field."""
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     return f"invalid spec: spec.{where}: {first['msg']} ({error.error_count()} problem(s))"
 
 
 def job_pod(
-    job: JobView, settings: Settings, now: dt.datetime, run_as_user: int | None
+    job: JobView,
+    settings: Settings,
+    now: dt.datetime,
+    run_as_user: int | None,
+    shard: int | None = None,
 ) -> tuple[api.LMEvalJobSpec, dict[str, Any]] | Decision:
-    """The job's spec and pod manifest; or the decision that fails a job that has none."""
+    """The job's spec and pod manifest (a sharded job's: its merge pod, or shard
+    `shard`'s); or the decision that fails a job that has none."""
     try:
         spec = api.LMEvalJobSpec.model_validate(job.spec)
     except ValidationError as error:
-        return decide_failure(job, now, _validation_message(error))
+        return decide_failure(job, now, validation_message(error))
     try:
         manifest = podspec.build_pod(
             name=job.name,
@@ -81,6 +88,7 @@ def job_pod(
             spec=spec,
             settings=settings,
             run_as_user=run_as_user,
+            shard=shard,
         )
     except podspec.JobPodError as error:
         return decide_failure(job, now, str(error))

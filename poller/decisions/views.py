@@ -190,7 +190,7 @@ def spec_digest(spec: Mapping[str, Any]) -> str:
 
 # And the status fields it leaves out (the status is only ever merge-patched,
 # so a field missing from a view is never erased by a write).
-FINISHED_STATUS_OMITS = frozenset({"results", "conditions", "provenance"})
+FINISHED_STATUS_OMITS = frozenset({"results", "conditions", "provenance", "shards"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +241,14 @@ class JobView:
     def active_deadline_seconds(self) -> int | None:
         value = self.spec.get("activeDeadlineSeconds")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def shard_count(self) -> int:
+        """spec.parallelism: how many shard pods the job runs (1: none, one pod)."""
+        value = self.spec.get("parallelism")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return value
+        return 1
 
     @property
     def ttl_seconds_after_finished(self) -> int | None:

@@ -53,6 +53,9 @@ __all__ = [
     "outputs_location",
     "pod_name",
     "resources_for",
+    "shard_count",
+    "shard_pod_name",
+    "shard_root",
     "task_snapshot_name",
     "uid_range_start",
 ]
@@ -61,6 +64,8 @@ MANAGED_BY = "lmeval-poller"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB_NAME = f"{api.API_GROUP}/job-name"
 LABEL_JOB_UID = f"{api.API_GROUP}/job-uid"
+# A shard pod's index (spec.parallelism above 1): the merge pod has none.
+LABEL_SHARD = f"{api.API_GROUP}/shard"
 MAIN_CONTAINER = "lmeval"
 
 OUTPUT_ROOT = "/outputs"
@@ -87,6 +92,29 @@ def pod_name(job_name: str, job_uid: str) -> str:
     suffix = hashlib.sha256(job_uid.encode()).hexdigest()[:6]
     stem = job_name[: _NAME_LIMIT - len(suffix) - 1].rstrip("-.")
     return f"{stem}-{suffix}"
+
+
+def shard_pod_name(job_name: str, job_uid: str, index: int) -> str:
+    """Deterministic name of shard `index`'s pods: the job's pod name plus ``-shard-<index>``."""
+    suffix = hashlib.sha256(job_uid.encode()).hexdigest()[:6]
+    tail = f"-{suffix}-shard-{index}"
+    return f"{job_name[: _NAME_LIMIT - len(tail)].rstrip('-.')}{tail}"
+
+
+def shard_count(spec: api.LMEvalJobSpec) -> int:
+    """How many shards the job runs (1: no shards, one pod and no merge)."""
+    return spec.parallelism or 1
+
+
+def shard_root(job_name: str) -> str:
+    """Where a sharded job's shards keep their outputs and response caches, on its claim.
+
+    Named after the job, not its UID: a job submitted again under the same
+    name (after a failure) finds its shards' caches and resumes, and the
+    driver starts a cache clean when what it was made for changed
+    (`driver.shards`, cache.json).
+    """
+    return f"{OUTPUT_ROOT}/shards/{job_name}"
 
 
 def task_snapshot_name(job_name: str, job_uid: str, source: str) -> str:
@@ -258,12 +286,15 @@ def build_pod(
     spec: api.LMEvalJobSpec,
     settings: Settings,
     run_as_user: int | None = None,
+    shard: int | None = None,
 ) -> dict[str, Any]:
     """The complete pod manifest for job `namespace/name` with UID `uid`.
 
     `run_as_user` is the first UID of the namespace's OpenShift range
     (``openshift.io/sa.scc.uid-range``) when it has one; otherwise the pod
-    leaves the UID to the image and the platform.
+    leaves the UID to the image and the platform. A job with spec.parallelism
+    above 1 has shard pods (`shard`: the index) and, under the job's pod name,
+    the merge pod (`shard` None) that computes its results from theirs.
 
     Raises JobPodError when the spec asks for something the settings forbid.
     """
@@ -287,7 +318,7 @@ def build_pod(
         # containers nothing may expand (kubelet_literal). The job's sidecars
         # are its own and keep the expansion.
         "containers": [
-            kubelet_literal_container(_main_container(name, uid, spec, settings, mounts)),
+            kubelet_literal_container(_main_container(name, uid, spec, settings, mounts, shard)),
             *_sidecars(spec),
         ],
         "volumes": volumes,
@@ -297,10 +328,16 @@ def build_pod(
     if init_containers:
         pod_spec["initContainers"] = [kubelet_literal_container(c) for c in init_containers]
     pod_spec.update(_placement(spec))
+    if shard_count(spec) > 1:
+        _colocate(pod_spec, uid)
+    metadata = _pod_metadata(name, namespace, uid, spec)
+    if shard is not None:
+        metadata["name"] = shard_pod_name(name, uid, shard)
+        metadata["labels"][LABEL_SHARD] = str(shard)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _pod_metadata(name, namespace, uid, spec),
+        "metadata": metadata,
         "spec": pod_spec,
     }
 
@@ -332,6 +369,35 @@ def _init_containers(
     if (fetch := offline.fetch_container(spec, driver_command(settings))) is not None:
         init_containers.append(_with_profile(fetch, settings))
     return init_containers
+
+
+def _colocate(pod_spec: dict[str, Any], uid: str) -> None:
+    """A sharded job's pods run on one node (a required pod affinity to each
+    other, beside any the job asks for): they share one claim, which may be
+    ReadWriteOnce, and they are clients of the model server, not its replicas."""
+    term = {
+        "labelSelector": {"matchLabels": {LABEL_JOB_UID: uid}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    affinity = pod_spec.setdefault("affinity", {})
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    required = pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", [])
+    required.append(term)
+
+
+def _child_argv(
+    name: str, spec: api.LMEvalJobSpec, settings: Settings, shard: int | None
+) -> list[str]:
+    """What the driver runs: lm_eval, or for a sharded job its shard's run or the merge."""
+    args = lm_eval_argv(spec, settings)
+    count = shard_count(spec)
+    if count == 1:
+        # -P: lm_eval's working directory (the hub view of a shared cache, see
+        # driver.hubview) never comes first on sys.path.
+        return ["python", "-P", "-m", "lm_eval", *args]
+    if shard is None:
+        return protocol.shard_merge_argv(count, shard_root(name), args)
+    return protocol.shard_run_argv(shard, count, shard_root(name), args)
 
 
 def _placement(spec: api.LMEvalJobSpec) -> dict[str, Any]:
@@ -442,21 +508,23 @@ def _main_container(
     spec: api.LMEvalJobSpec,
     settings: Settings,
     mounts: list[dict[str, Any]],
+    shard: int | None = None,
 ) -> dict[str, Any]:
-    """The evaluation container: the driver running lm_eval."""
+    """The evaluation container: the driver running lm_eval (a shard's: its part,
+    holding nothing and pushing nothing; the merge pod reports the job's)."""
     # The complete output outlives the pod on the claim, beside the results.
     keeps_log = offline.outputs_claim(spec, name, uid) is not None
-    oci = ocioutput.driver_options(spec, name, uid)
+    own_name = pod_name(name, uid) if shard is None else shard_pod_name(name, uid, shard)
+    oci = ocioutput.driver_options(spec, name, uid) if shard is None else ocioutput.PushOptions()
+    holds = settings.results_source == "exec" and shard is None
     command = protocol.run_argv(
         driver_command(settings),
-        # -P: lm_eval's working directory (the hub view of a shared cache, see
-        # driver.hubview) never comes first on sys.path.
-        ["python", "-P", "-m", "lm_eval", *lm_eval_argv(spec, settings)],
+        _child_argv(name, spec, settings, shard),
         protocol.RunArgs(
             output_root=OUTPUT_ROOT,
             grace_period=DRIVER_GRACE_SECONDS,
-            hold_seconds=EXEC_HOLD_SECONDS if settings.results_source == "exec" else None,
-            log_copy=f"{OUTPUT_ROOT}/{pod_name(name, uid)}.log" if keeps_log else None,
+            hold_seconds=EXEC_HOLD_SECONDS if holds else None,
+            log_copy=f"{OUTPUT_ROOT}/{own_name}.log" if keeps_log else None,
             task_sources=gittasks.CLONE_ROOT if gittasks.git_sources(spec) else None,
             hub_datasets=offline.hub_datasets(spec),
             oci_push=oci.push,

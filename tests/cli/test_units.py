@@ -87,6 +87,10 @@ def test_scores_and_headline() -> None:
     assert facts.model_text(job) == "hf (gpt2)"
     assert facts.headline(_job()) == "-"
     assert facts.state(_job()) == "New" and facts.progress_text(_job()) == "-"
+    sharding = _job(state="Running", shardsDone="3/8", progress={"percent": 37.5})
+    assert facts.progress_text(sharding) == "3/8 shards"
+    merging = _job(state="Running", shardsDone="8/8", podName="p", progress={"percent": 40})
+    assert facts.progress_text(merging) == "40%"
     old_style = {"results": {"t": {"acc": 0.25, "acc_stderr": 0.01, "alias": "t"}}}
     assert [(r.metric, r.stderr) for r in facts.score_rows(old_style)] == [("acc", None)]
 

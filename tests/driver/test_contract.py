@@ -197,6 +197,38 @@ def test_release_argv_releases_the_same_root(
     assert "released" in capsys.readouterr().out
 
 
+def test_shard_argv_round_trips_through_the_shards_parser(tmp_path: Path) -> None:
+    from driver import shards
+    from driver.argv import find_output_path_flag
+
+    lm_args = ["--model=hf", "--tasks=a,b", "--limit=5", "--log_samples"]
+    root = str(tmp_path / "claim")
+    for argv, command in (
+        (protocol.shard_run_argv(2, 8, root, lm_args), "run"),
+        (protocol.shard_merge_argv(8, root, lm_args), "merge"),
+    ):
+        assert argv[:5] == ["python", "-P", "-m", protocol.SHARD_MODULE, command]
+        split = argv.index(protocol.END_OF_OPTIONS)
+        assert argv[split + 1 :] == lm_args
+        assert all(word.startswith("--") and "=" in word for word in argv[5:split])
+        opts = shards._parse(argv[4:split])
+        assert (opts.command, opts.count, opts.root) == (command, 8, root)
+        assert getattr(opts, "index", 2) == 2
+        # The driver takes it as its child; none of its words reads as --output_path.
+        options = cli.parse_run_options(protocol.run_argv([], argv, protocol.RunArgs()))
+        assert options.child_argv == argv
+        assert find_output_path_flag(argv[1:]) is None
+    assert shards._parse(["merge", f"--count={protocol.MAX_SHARDS}", "--root=r"]).count == 32
+    for bad in (
+        ["merge", f"--count={protocol.MAX_SHARDS + 1}"],
+        ["merge", "--count=0"],
+        ["run", "--index=3", "--count=3"],
+        ["run", "--count=3"],
+    ):
+        with pytest.raises(shards.ShardingRefusedError):
+            shards._parse([*bad, "--root=r"])
+
+
 def test_protocol_exports_the_whole_contract() -> None:
     for module in (contract, payloads):
         for name in module.__all__:

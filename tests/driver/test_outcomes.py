@@ -385,13 +385,27 @@ def test_help_is_fast_and_imports_nothing_heavy(env: dict[str, str]) -> None:
     assert cumulative < 200_000  # microseconds of self time; ~30 ms on a quiet machine
 
 
+# The modules that run as lm_eval's child in the job image (``python -m
+# driver.shards``, a sharded job's shard and merge pods): they load lm_eval,
+# and nothing else of the driver imports them.
+LM_EVAL_CHILD = {"shards.py", "shardplan.py", "shardmerge.py"}
+
+
 def test_driver_package_imports_only_the_standard_library() -> None:
     driver_dir = Path(__file__).resolve().parents[2] / "driver"
     pattern = re.compile(r"^\s*(?:import|from)\s+(kubernetes|poller|lm_eval)\b", re.MULTILINE)
+    child = re.compile(r"^\s*(?:import|from)\s+driver\.(shards|shardplan|shardmerge)\b", re.M)
     sources = list(driver_dir.glob("*.py"))
     assert len(sources) >= 6
+    assert {source.name for source in sources} >= LM_EVAL_CHILD
     for source in sources:
-        assert pattern.search(source.read_text()) is None, source.name
+        text = source.read_text()
+        assert pattern.search(text) is None, source.name
+        if source.name not in LM_EVAL_CHILD:
+            assert child.search(text) is None, f"{source.name} imports lm_eval's child modules"
+    for name in LM_EVAL_CHILD:
+        # They name lm_eval where it is loaded (in the job image only).
+        assert "lm_eval" in (driver_dir / name).read_text(), name
 
 
 def test_internal_driver_error_still_ends_in_a_final_marker(

@@ -109,7 +109,7 @@ def test_a_finished_jobs_view_is_compact() -> None:
     assert view.status.results is None
     assert view.status.conditions is None
     assert view.status.provenance is None  # a few KB a job, read only by the CLI
-    assert {"results", "conditions", "provenance"} == FINISHED_STATUS_OMITS
+    assert {"results", "conditions", "provenance", "shards"} == FINISHED_STATUS_OMITS
     # The gate reads a finished baseline's itemScores.
     assert view.status.item_scores is not None and view.status.item_scores.items == 10
     # What the metrics and the TTL read is all there.

@@ -163,6 +163,7 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "State", "type": "string", "jsonPath": ".status.state"},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
         {"name": "Progress", "type": "string", "jsonPath": ".status.progress.line"},
+        {"name": "Shards", "type": "string", "jsonPath": ".status.shardsDone", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         {"name": "Model", "type": "string", "jsonPath": ".spec.model", "priority": 1},
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},

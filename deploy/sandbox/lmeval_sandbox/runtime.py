@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import driver
+from driver import protocol
 from lmeval_sandbox.localproc import (
     Container,
     LocalPod,
@@ -46,6 +47,15 @@ START_ERROR_CODE = 128
 DRIVER_SOURCE = str(Path(driver.__file__).resolve().parents[1])
 
 
+# The kubelet's bound on the termination message file it reads back.
+TERMINATION_FILE_BYTES = 4096
+
+
+def termination_log(pod: LocalPod, c: Container) -> Path:
+    """Container `c`'s termination message file (its terminationMessagePath, locally)."""
+    return pod.root / f"{c.name}.termination-log"
+
+
 def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> None:
     """Start container `c` as a process in its own session, its output to its log file.
 
@@ -61,6 +71,9 @@ def start(pod: LocalPod, c: Container, env: Mapping[str, str], python: str) -> N
         # The "image" is this process's Python: this checkout's driver first,
         # then whatever the test process has on its path (e.g. an opt-in torch).
         "PYTHONPATH": os.pathsep.join(filter(None, [DRIVER_SOURCE, os.environ.get("PYTHONPATH")])),
+        # The kubelet mounts a file at the container's terminationMessagePath
+        # (/dev/termination-log); a local process gets its own file instead.
+        protocol.ENV_TERMINATION_LOG: str(termination_log(pod, c)),
     }
     if os.environ.get("PYTHONPATH"):
         # The image's code is this process's code: a source tree on
@@ -142,7 +155,12 @@ def collect(pod: LocalPod, table: dict[int, tuple[int, str]]) -> None:
             c.exit_code = code
         c.reason = "Completed" if c.exit_code == 0 else "Error"
         policy = c.spec.get("terminationMessagePolicy")
-        if c.exit_code != 0 and policy == "FallbackToLogsOnError":
+        written = termination_log(pod, c)
+        said = written.read_bytes()[-TERMINATION_FILE_BYTES:] if written.is_file() else b""
+        if said.strip():
+            # As the kubelet: the file's words win over the log's.
+            c.message = said.decode("utf-8", "replace")
+        elif c.exit_code != 0 and policy == "FallbackToLogsOnError":
             with c._lock:
                 c.message = termination_message(c.tail)
         log.info("pod %s: container %s exited with %d", pod.key, c.name, c.exit_code)

@@ -83,6 +83,11 @@ def percent(job: dict[str, Any]) -> float | None:
 
 
 def progress_text(job: dict[str, Any]) -> str:
+    """The percentage, or while a sharded job's shards run, how many are done (3/8 shards)."""
+    shards = status(job).get("shardsDone")
+    sharding = isinstance(shards, str) and not status(job).get("podName")
+    if sharding and state(job) != api.JobState.COMPLETE.value:
+        return f"{shards} shards"
     value = percent(job)
     return "-" if value is None else f"{value:.0f}%"
 
