@@ -45,6 +45,7 @@ __all__ = [
     "EXIT_SHARD_REFUSED",
     "MAX_SHARDS",
     "OPT_OUTPUT_ROOT",
+    "SHARDS_RECORD",
     "SHARD_MODULE",
     "RunArgs",
     "driver_command",
@@ -63,6 +64,9 @@ EXIT_OK = 0
 EXIT_NO_RESULTS = 70
 EXIT_CANCELLED = 71
 EXIT_DRIVER_ERROR = 72
+# Beside a merged results file: what each shard contributed (driver.shardmerge
+# writes it; the merge pod's driver reports it in its final marker's provenance).
+SHARDS_RECORD = "shards.json"
 # A shard's child (driver.shards) refused the job before any request (too few
 # documents, sampled generation, ...; argparse's own code for bad arguments):
 # running it again would refuse again, so the poller fails the job at once.

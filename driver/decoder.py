@@ -38,11 +38,13 @@ from driver.protocol import (
     MAX_EVENTS,
     MAX_LINE_CHARS,
     MAX_MARKER_CHARS,
+    MAX_SHARDS,
     RESULTS_ENCODING,
     RESULTS_LIMITS,
     ChunkLimits,
     FinalFields,
     ResultsChunkFields,
+    ShardFields,
     log_problem,
     marker_event,
     parse_results_json,
@@ -86,6 +88,8 @@ class Outcome:
     lm_eval_version: str | None = None
     argv: tuple[str, ...] = ()
     server_models: str | None = None
+    # A merge pod's: what each shard contributed (typed; its strings are the pod's).
+    shards: tuple[ShardFields, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -384,6 +388,7 @@ class LogDecoder:
             lm_eval_version=final.get("lm_eval_version"),
             argv=tuple(final.get("argv", [])),
             server_models=final.get("server_models"),
+            shards=tuple(final.get("shards") or ())[:MAX_SHARDS],
         )
 
     def _results(self) -> tuple[dict[str, Any] | None, str | None]:

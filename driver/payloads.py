@@ -21,6 +21,7 @@ __all__ = [
     "ItemsChunkFields",
     "ProgressFields",
     "ResultsChunkFields",
+    "ShardFields",
     "StartedFields",
     "TaskSourceFields",
     "read_complete_fields",
@@ -38,6 +39,17 @@ class TaskSourceFields(TypedDict):
 
     name: str  # the stem of its <name>.commit file (the poller's index of the source)
     commit: str  # full hash, 40 or 64 hex digits
+
+
+class ShardFields(TypedDict):
+    """A merged job's shard, as the merge pod's final marker reports it (provenance)."""
+
+    index: int
+    documents: int  # how many documents it evaluated, over every task
+    requests: int  # the model requests its documents needed
+    cached: int  # of which its response cache answered
+    samples_sha256: str  # of the document indices it was given (its samples.json)
+    summary: str  # its own one-line report, e.g. "shard 1/4: 412 requests, 130 ..."
 
 
 class StartedFields(TypedDict):
@@ -121,6 +133,7 @@ class FinalDetails(TypedDict, total=False):
     lm_eval_version: str | None
     argv: list[str]  # lm_eval's command line, secrets redacted
     server_models: str  # API models: what the server's /models lists, comma-separated
+    shards: list[ShardFields]  # a merge pod: what each shard of the job contributed
 
 
 class FinalFields(FinalDetails):

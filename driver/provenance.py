@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # json, ssl and urllib are imported when used: the driver
     # reads task sources (below) before lm_eval starts, and starts fast
     from driver.child import Sink
-    from driver.payloads import FinalDetails, StartedFields, TaskSourceFields
+    from driver.payloads import FinalDetails, ShardFields, StartedFields, TaskSourceFields
 
 __all__ = [
     "MAX_MODELS_BYTES",
@@ -202,3 +202,51 @@ def final_provenance(
     if models:
         details["server_models"] = models
     return details
+
+
+# shards.json is the merge's own record, read back whole: far below this.
+_SHARDS_RECORD_MAX = 256 * 1024
+# Each shard's summary in the final marker: 32 shards stay a third of a marker.
+_SHARD_SUMMARY_CHARS = 200
+
+
+def shard_records(results_file: str) -> list[ShardFields]:
+    """What each shard contributed to a merged results file (the ``shards.json``
+    beside it, `driver.shardmerge`); [] for an unsharded run or an unreadable record."""
+    import json
+
+    from driver.contract import MAX_SHARDS, SHARDS_RECORD
+
+    path = os.path.join(os.path.dirname(results_file), SHARDS_RECORD)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_SHARDS_RECORD_MAX + 1)
+        record = json.loads(raw) if len(raw) <= _SHARDS_RECORD_MAX else None
+    except (OSError, ValueError):
+        return []
+    listed = record.get("shards") if isinstance(record, dict) else None
+    shards: list[ShardFields] = []
+    for entry in (listed if isinstance(listed, list) else [])[:MAX_SHARDS]:
+        if not isinstance(entry, dict):
+            continue
+        documents = entry.get("documents")
+        count = (
+            sum(v for v in documents.values() if isinstance(v, int))
+            if isinstance(documents, dict)
+            else 0
+        )
+        shards.append(
+            {
+                "index": _count(entry.get("index")),
+                "documents": count,
+                "requests": _count(entry.get("requests")),
+                "cached": _count(entry.get("cached")),
+                "samples_sha256": str(entry.get("samples_sha256") or "")[:64],
+                "summary": str(entry.get("shard_summary") or "")[:_SHARD_SUMMARY_CHARS],
+            }
+        )
+    return shards
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -389,6 +389,10 @@ class Run:
         models = self._server_models()
         items, found = prepare_items(source, self.run_dir, self.run_id, models, self.sink)
         details.update(found)
+        from driver.provenance import shard_records
+
+        if shards := shard_records(source):  # a merge pod: one record per shard
+            details["shards"] = shards
         if self.opts.oci_push is not None:
             details.update(self._push(raw, details))
         for line in (*chunks, *items):

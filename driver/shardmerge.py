@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver.contract import SHARDS_RECORD
 from driver.shardplan import (
     DONE_FILE,
     OUTPUT_PREFIX,
@@ -50,7 +51,7 @@ from driver.shardplan import (
     termination_message,
 )
 
-SHARDS_FILE = "shards.json"
+SHARDS_FILE = SHARDS_RECORD
 # The keys of an lm_eval results file that the merge computes; the others
 # (config, versions of the environment...) come from shard 0's.
 _COMPUTED = (
@@ -278,7 +279,16 @@ def merge_shards(count: int, root: str, lm_args: Sequence[str]) -> int:
         f"merged {count} shards: {len(job.tasks)} tasks, {documents} documents; "
         f"{cached} of {requests} requests were answered from the shards' caches"
     )
-    keep = ("documents", "requests", "cached", "sent", "rejected", "resumed", "started_clean")
+    keep = (
+        "documents",
+        "requests",
+        "cached",
+        "sent",
+        "rejected",
+        "resumed",
+        "started_clean",
+        "samples_sha256",
+    )
     record = {
         "count": count,
         "results": os.path.basename(path),

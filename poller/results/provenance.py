@@ -30,6 +30,7 @@ from driver.decoder import Outcome
 from driver.protocol import (
     MAX_TASKS,
     ItemScores,
+    ShardFields,
     StartedFields,
     read_fields,
     redact_argv,
@@ -81,6 +82,11 @@ def _int(value: object) -> int | None:
     if type(value) is int and -_INT64 <= value < _INT64:
         return value
     return None
+
+
+def _count(value: object) -> int | None:
+    number = _int(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -179,6 +185,8 @@ class Provenance:
     # provenance.json only: per-task details, and what the model server said.
     tasks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     server: Mapping[str, str] = field(default_factory=dict)
+    # provenance.json only, for a merged job (spec.parallelism): one record per shard.
+    shards: tuple[Mapping[str, Any], ...] = ()
 
     def _common(self) -> dict[str, Any]:
         return {
@@ -236,6 +244,8 @@ class Provenance:
         if self.server:
             head["server"] = dict(self.server)
         head["argv"] = list(self.argv)
+        if self.shards:
+            head["shards"] = [dict(shard) for shard in self.shards]
         tasks: dict[str, Any] = {}
         hashes: dict[str, str] = {}
         document = {**head, "taskHashes": hashes, "tasks": tasks}
@@ -325,4 +335,20 @@ def build(
         argv=argv,
         tasks=tasks,
         server=server,
+        shards=tuple(_shard_entry(shard) for shard in (outcome.shards if outcome else ())),
     )
+
+
+def _shard_entry(shard: ShardFields) -> dict[str, Any]:
+    """A shard's record as the merge pod reported it, each value checked (the
+    pod writes it): its index, documents, requests, how many its cache
+    answered, the digest of its documents and its own one-line report."""
+    entry = {
+        "index": _count(shard.get("index")),
+        "documents": _count(shard.get("documents")),
+        "requests": _count(shard.get("requests")),
+        "cached": _count(shard.get("cached")),
+        "samplesSha256": _hex(shard.get("samples_sha256")),
+        "summary": _text(shard.get("summary")),
+    }
+    return {key: value for key, value in entry.items() if value is not None}

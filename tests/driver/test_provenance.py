@@ -5,7 +5,8 @@ Checks that ``base_url`` is found in every form lm_eval accepts for
 listing's URL replaces the endpoint (completions and chat completions) and
 keeps no credentials in what is logged, and that the listing is read
 through the sample model server with the Bearer key, bounded, and fails
-as a note.
+as a note; and that a merge pod reports each shard from the record beside
+its results, malformed entries zeroed, an unreadable record ignored.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 from lmeval_sandbox.model_server import ModelServer
 
 from driver import provenance
+from driver.protocol import SHARDS_RECORD
+from driver.provenance import shard_records
 
 
 class Notes:
@@ -99,3 +103,28 @@ def test_the_key_is_sent_as_a_bearer_token_and_a_listing_is_bounded() -> None:
     assert seen == ["Bearer sk-test"]
     assert listed.startswith("a,b,xxx") and len(listed) == provenance.MAX_SERVER_MODELS_CHARS
     assert listed.endswith("...")
+
+
+def test_a_merge_reports_each_shard_from_the_record_beside_its_results(tmp_path: Path) -> None:
+    results = tmp_path / "toy" / "results_2026-12-04T12-00-00.json"
+    results.parent.mkdir()
+    results.write_text("{}")
+    assert shard_records(str(results)) == []  # an unsharded run: no record
+    record = {
+        "count": 2,
+        "shards": [
+            {"index": 0, "documents": {"a": 5, "b": 3}, "requests": 16, "cached": 4,
+             "samples_sha256": "ab" * 32, "shard_summary": "shard 0/2: 16 requests, 4 ..."},
+            {"index": 1, "documents": "many", "requests": True, "cached": -2},
+            "not a shard",
+        ],
+    }  # fmt: skip
+    (results.parent / SHARDS_RECORD).write_text(json.dumps(record))
+    assert shard_records(str(results)) == [
+        {"index": 0, "documents": 8, "requests": 16, "cached": 4,
+         "samples_sha256": "ab" * 32, "summary": "shard 0/2: 16 requests, 4 ..."},
+        {"index": 1, "documents": 0, "requests": 0, "cached": 0, "samples_sha256": "",
+         "summary": ""},
+    ]  # fmt: skip
+    (results.parent / SHARDS_RECORD).write_text("{not json")
+    assert shard_records(str(results)) == []

@@ -253,3 +253,28 @@ def test_long_argv_words_are_cut_where_no_secret_is_split() -> None:
     document = json.loads(text)
     assert document["tasksOmitted"] == 4000 - len(document["tasks"]) > 0
     assert set(document["taskHashes"]) == set(document["tasks"])
+
+
+def test_a_merged_job_records_one_entry_per_shard_each_value_checked() -> None:
+    shards = (
+        {"index": 0, "documents": 10, "requests": 40, "cached": 12,
+         "samples_sha256": HASH_A, "summary": "shard 0/2: 40 requests, 12 answered from the cache"},
+        # A hostile pod's: a count past int64 or negative, a digest that is not
+        # hex and a summary with control characters are left out.
+        {"index": 1, "documents": 10, "requests": 2**70, "cached": -1,
+         "samples_sha256": "not-hex", "summary": "forged\x1b[2J"},
+    )  # fmt: skip
+    outcome = Outcome("completed", 0, None, "", None, shards=shards)  # type: ignore[arg-type]
+    built = provenance.build(outcome=outcome, started=None, results=results_doc())
+    document = json.loads(built.document())
+    assert document["shards"] == [
+        {"index": 0, "documents": 10, "requests": 40, "cached": 12, "samplesSha256": HASH_A,
+         "summary": "shard 0/2: 40 requests, 12 answered from the cache"},
+        {"index": 1, "documents": 10},
+    ]  # fmt: skip
+    # status.provenance stays short: no shard list there.
+    assert "shards" not in (built.status_fields() or {})
+    single = provenance.build(
+        outcome=Outcome("completed", 0, None, "", None), started=None, results=None
+    )
+    assert "shards" not in json.loads(single.document())
