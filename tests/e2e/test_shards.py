@@ -35,7 +35,10 @@ examples drawn at random. Checks:
    refused by the apiserver's schema (422, the field named); a task with
    fewer documents than shards (``limit: 2``, ``parallelism: 3``) ends the
    job Failed at the first shard's refusal (exit code 2, not retried), with
-   the driver's line naming spec.parallelism (condition reason ShardRefused).
+   the driver's line naming spec.parallelism (condition reason ShardRefused);
+5. deploy/samples/sharded-job.yaml runs as written (on the shared claim), its
+   tasks' data files in the sample ConfigMap: every pod reads them at one path,
+   as on a real node, so the merge takes the shards.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import pytest
 from kubernetes import client
 from lmeval_sandbox import model_server as toy
 from lmeval_sandbox.controlplane import ControlPlane
+from lmeval_sandbox.demo import SAMPLES_DIR
 from lmeval_sandbox.kueue import KueueServer
 from lmeval_sandbox.model_server import ModelServer
 from lmeval_sandbox.runner import LocalRunner, placement
@@ -86,13 +90,9 @@ COMPARED = (
 
 # -- the toy tasks (a ConfigMap, mounted through spec.customTasks) ---------------------
 
-# The driver tests' toy tasks (20 and 13 documents), their YAML in the ConfigMap.
-# Their data files stay where they are, named by this checkout's path: the local
-# runner gives each pod a root of its own and rewrites every mounted path in a
-# ConfigMap's files to it, so data files inside the mounted ConfigMap would be
-# at another path in each pod, the shards' task configurations would differ
-# (the driver compares them: cache.json, and the merge refuses shards "evaluated
-# with other task configs"), where on a real node the mount path is the same.
+# The driver tests' toy tasks (20 and 13 documents), their YAML in the ConfigMap;
+# their data files stay where they are, named by this checkout's path (the
+# sample's test below has its data in its ConfigMap).
 SHARDTASKS = Path(__file__).resolve().parents[1] / "driver" / "shardtasks"
 TASK_FILES = {
     path.name: path.read_text().replace("__SHARDTASKS__", str(SHARDTASKS))
@@ -609,3 +609,32 @@ def test_fewer_documents_than_shards_fails_naming_spec_parallelism(
     assert "results" not in final
     uid = jobs.get("too-many")["metadata"]["uid"]
     wait_for(lambda: not _shard_pods(jobs, uid), timeout=60, what="the shard pods deleted")
+
+
+def test_the_sharded_sample_runs_as_written_with_its_tasks_data_in_a_configmap(
+    poller: Reconciler,
+    jobs: Jobs,
+    admin_api: client.ApiClient,
+    runner: LocalRunner,
+    model_server: ModelServer,
+    claim: Path,
+) -> None:
+    """deploy/samples/sharded-job.yaml, its tasks and their data files in the sample
+    ConfigMap: every pod of the job reads the data at one path, as on a real node
+    (the runner keeps one copy of a ConfigMap's files for the pods that mount it),
+    so the shards' task configurations agree and the merge takes them."""
+    _, job = sample(str(SAMPLES_DIR / "sharded-job.yaml"), model_server.port)
+    job["spec"]["outputs"] = {"pvcName": CLAIM}  # the sample's pvcManaged needs a provisioner
+    submit(admin_api, jobs.namespace, job)
+
+    final = cycle_until(
+        poller,
+        lambda: _complete(jobs, "sharded-job"),
+        timeout=LMEVAL_TIMEOUT,
+        what="the sharded sample Complete",
+    )["sharded-job"]
+    assert final["reason"] == "Succeeded", final.get("message")
+    assert final["shardsDone"] == "2/2"
+    for shard in final["shards"]:
+        assert "started clean" not in shard.get("message", ""), shard
+    assert set(_results(jobs, final)["results"]) == {"sample_arith_mc", "sample_arith_gen"}

@@ -58,9 +58,14 @@ class PathMapper:
     Every other absolute path is left alone: it would come from the image.
     """
 
-    def __init__(self, root: Path, mount_paths: Iterable[str]) -> None:
+    def __init__(
+        self, root: Path, mount_paths: Iterable[str], shared: Mapping[str, Path] | None = None
+    ) -> None:
         self.root = root
         self.mounts = sorted({clean_path(p) for p in mount_paths if clean_path(p) != "/"})
+        # Mounts whose contents every pod sees at one local path (a ConfigMap's
+        # files, `PodSetup`): what lies below them maps there, not under `root`.
+        self.shared = {clean_path(k): v for k, v in (shared or {}).items()}
         parents: set[str] = set()
         for mount in self.mounts:
             parent = os.path.dirname(mount)
@@ -79,6 +84,10 @@ class PathMapper:
         """The local path for container path `path` (unchanged when not mapped)."""
         if not path.startswith("/") or path.startswith("//") or not self.maps(path):
             return path
+        clean = clean_path(path)
+        for mount, local in self.shared.items():
+            if clean == mount or clean.startswith(mount + "/"):
+                return str(local) + clean[len(mount) :]
         return str(self.root) + path
 
     def rewrite(self, text: str) -> str:

@@ -30,7 +30,10 @@ podfs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -127,7 +130,9 @@ class PodSetup:
                 if m["name"] not in volumes:
                     raise ConfigError(f"volume {m['name']!r} of container {c.name} is not defined")
                 mounts.append((clean_path(m["mountPath"]), m["name"], m.get("subPath") or ""))
-        pod.mapper = PathMapper(pod.root, [path for path, _, _ in mounts])
+        pod.mapper = PathMapper(
+            pod.root, [path for path, _, _ in mounts], self._shared_config_maps(pod, mounts)
+        )
         pod.root.mkdir(parents=True, exist_ok=True)
         (pod.dir / "logs").mkdir(exist_ok=True)
         (pod.root / "tmp").mkdir(exist_ok=True)
@@ -153,6 +158,33 @@ class PodSetup:
             if not where.exists() and not where.is_symlink():
                 where.symlink_to(target)
         self._create_logs_object(pod)
+
+    def _shared_config_maps(
+        self, pod: LocalPod, mounts: list[tuple[str, str, str]]
+    ) -> dict[str, Path]:
+        """Where each whole configMap mount's files are also kept for every pod that
+        mounts the same ConfigMap: a kubelet mounts it at the same path in every
+        pod, so a task file's absolute data path reads alike in all of them (the
+        shards of a job compare their task configurations); here each pod has
+        its own root, so the paths written into the files point at this copy."""
+        volumes = {v["name"]: v for v in (pod.obj.get("spec") or {}).get("volumes") or []}
+        shared: dict[str, Path] = {}
+        for path, name, sub in mounts:
+            source = volumes[name].get("configMap")
+            if sub or not source:
+                continue
+            obj = self.api.get_or_none(
+                f"/api/v1/namespaces/{pod.namespace}/configmaps/{source.get('name') or ''}"
+            )
+            if obj is None:
+                continue  # _materialise says why
+            meta = obj.get("metadata") or {}
+            key = hashlib.sha256(
+                f"{pod.namespace}/{meta.get('name')}/{meta.get('uid')}/{meta.get('resourceVersion')}"
+                f"/{path}".encode()
+            ).hexdigest()[:16]
+            shared[path] = self.workdir / "configmaps" / key
+        return shared
 
     def _materialise(self, pod: LocalPod, volume: dict[str, Any], home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
@@ -181,6 +213,10 @@ class PodSetup:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             target.chmod(0o444)
+        if "configMap" in volume and home.is_relative_to(pod.root):
+            copy = pod.mapper.shared.get("/" + str(home.relative_to(pod.root)))
+            if copy is not None and not copy.exists():
+                _publish_copy(copy, files)
 
     def _claim_directory(self, namespace: str, claim: str) -> Path:
         """Where claim `namespace/claim`'s files are on this host.
@@ -341,3 +377,17 @@ class PodSetup:
         if "fieldRef" in source:
             return field_value(pod.obj, source["fieldRef"]["fieldPath"])
         raise ConfigError(f"env {name}: {', '.join(source)} is not supported here")
+
+
+def _publish_copy(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Write `files` into a new `directory` whole (the copy every pod's rewritten
+    paths name, `PodSetup._shared_config_maps`); a copy already there wins."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=directory.parent))
+    for rel, data in files.items():
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_bytes(data)
+    try:
+        staging.rename(directory)
+    except OSError:  # another pod's setup made it first: the same files
+        shutil.rmtree(staging, ignore_errors=True)
