@@ -274,7 +274,11 @@ class KueueServer:
         manifest.write_text(yaml.safe_dump_all(objects))
         self.plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(manifest))
         for name in _CONVERTED:
-            self.plane.kubectl("wait", "--for=condition=Established", f"crd/{name}")
+            # kubectl's 30 s default was seen to run out on a loaded 2-core
+            # machine (Workload's schema is large): the apiserver was only slow.
+            self.plane.kubectl(
+                "wait", "--for=condition=Established", "--timeout=150s", f"crd/{name}", timeout=180
+            )
 
     def log_tail(self, lines: int = 40) -> str:
         return self._supervisor.log_tail("kueue", lines)
