@@ -30,7 +30,6 @@ import contextlib
 import copy
 import hashlib
 import importlib
-import importlib.metadata
 import json
 import os
 import sys
@@ -39,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver.argv import lm_eval_version
 from driver.contract import ENV_TERMINATION_LOG, EXIT_SHARD_REFUSED
 
 # Options of the job's lm_eval command that a shard cannot honour, each with why.
@@ -102,10 +102,6 @@ class ShardingRefusedError(Exception):
 def lm_eval_module(name: str) -> Any:
     """An lm_eval module, imported at run time (lm_eval 0.4.13 has no type information)."""
     return importlib.import_module(name)
-
-
-def lm_eval_version() -> str:
-    return importlib.metadata.version("lm_eval")
 
 
 @dataclass(frozen=True)

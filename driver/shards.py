@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from driver.contract import MAX_SHARDS
+from driver.run import find_results
 from driver.shardplan import (
     CACHE_DIR,
     CACHE_NAME,
@@ -363,19 +364,6 @@ def _prepare_cache(directory: str, record: dict[str, Any]) -> tuple[str | None, 
     return reason, has_cache and reason is None
 
 
-def newest_results(output_path: str, since: float) -> str | None:
-    """The newest ``results_*.json`` under `output_path` written after `since`."""
-    found: list[tuple[float, str]] = []
-    for dirpath, _dirs, files in os.walk(output_path):
-        for name in files:
-            if name.startswith("results_") and name.endswith(".json"):
-                path = os.path.join(dirpath, name)
-                mtime = os.stat(path).st_mtime
-                if mtime >= since:
-                    found.append((mtime, path))
-    return max(found)[1] if found else None
-
-
 def samples_files(results_path: str) -> dict[str, str]:
     """The per-sample files lm_eval wrote with `results_path`: task name -> path."""
     directory, name = os.path.split(results_path)
@@ -444,7 +432,10 @@ def run_shard(index: int, count: int, root: str, lm_args: Sequence[str]) -> int:
     started = time.time() - 1
     args.harness.execute(namespace)  # lm_eval's CLI, as `python -m lm_eval` runs it
 
-    results_path = newest_results(namespace.output_path, started)
+    # The run's newest results file, written by this run (not an earlier one's).
+    results_path = find_results(namespace.output_path)
+    if results_path is not None and os.stat(results_path).st_mtime < started:
+        results_path = None
     if results_path is None:
         print("shards: lm_eval wrote no results file", file=sys.stderr, flush=True)
         return 1

@@ -56,7 +56,7 @@ from poller.decisions.observed import Observed
 from poller.decisions.ownership import altered_pod_message, foreign_pod_message, judge_pod
 from poller.decisions.routing import Step, deadline_exceeded, route, submitted_for
 from poller.decisions.scheduling import adopt, decide_failure, job_pod, queued, schedule
-from poller.decisions.views import ContainerView, JobView, PodView
+from poller.decisions.views import JobView, PodView, pending_cause, waiting_init
 from poller.jobpod import gittasks, podspec
 from poller.timefmt import seconds_between
 
@@ -169,42 +169,17 @@ def _kept(job: JobView, settings: Settings, now: dt.datetime) -> Decision:
     return Decision([DeleteJob()])
 
 
-def _pending_cause(pod: PodView) -> str:
-    if pod.unschedulable_message:
-        return pod.unschedulable_message
-    waiting = _waiting_init(pod)
-    if waiting is not None:
-        name, init = waiting
-        detail = f": {init.message}" if init.message else ""
-        return f"init container {name}: {init.reason}{detail}"
-    if pod.main.state == "waiting" and pod.main.reason:
-        detail = f": {pod.main.message}" if pod.main.message else ""
-        return f"{pod.main.reason}{detail}"
-    return f"pod phase {pod.phase}"
-
-
-def _waiting_init(pod: PodView) -> tuple[str, ContainerView] | None:
-    """The init container the pod waits for, when it waits for a reason
-    (ErrImagePull of the git-image, ...) rather than merely starting."""
-    if pod.init is None:
-        return None
-    init = pod.init[1]
-    if init.state != "waiting" or init.reason in ("", "PodInitializing"):
-        return None
-    return pod.init
-
-
 def _pending(job: JobView, pod: PodView, settings: Settings, now: dt.datetime) -> Decision | None:
     """Fail a pod that has waited too long; None while it may still start."""
     waited = seconds_between(pod.created, now)
     if waited <= settings.pod_pending_timeout:
         return None
-    cause = _pending_cause(pod)
+    cause = pending_cause(pod)
     message = f"pod {pod.name} did not start within {int(settings.pod_pending_timeout)} s: {cause}"
     reason = "PodPendingTimeout"
     if pod.unschedulable_message:
         reason = "Unschedulable"
-    elif (waiting := _waiting_init(pod)) is not None and waiting[1].reason in _WAITING_CAUSES:
+    elif (waiting := waiting_init(pod)) is not None and waiting[1].reason in _WAITING_CAUSES:
         reason = waiting[1].reason
     elif pod.main.reason in _WAITING_CAUSES:
         reason = pod.main.reason

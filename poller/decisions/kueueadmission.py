@@ -68,6 +68,7 @@ __all__ = [
     "finished_status",
     "gate",
     "place",
+    "pod_is_over",
     "requeue_status",
     "waiting_message",
     "workload_manifest",
@@ -224,7 +225,8 @@ def submitted_for(generation: int, queue: str, priority_class: str) -> str:
     return f"{generation}/{queue}/{priority_class}"
 
 
-def _pod_is_over(pod_phase: str, main_state: str) -> bool:
+def pod_is_over(pod_phase: str, main_state: str) -> bool:
+    """Whether a pod is over: its main container terminated, or the pod ended."""
     return main_state == "terminated" or pod_phase in ("Failed", "Succeeded")
 
 
@@ -253,7 +255,7 @@ def gate(
     if pod_exists:
         if workload is None or workload.admitted or pod_deleting:
             return Gate.FREE
-        if _pod_is_over(pod_phase, main_state):
+        if pod_is_over(pod_phase, main_state):
             return Gate.FREE
         return Gate.STOP
     if state in (api.JobState.SCHEDULED, api.JobState.RUNNING):

@@ -104,7 +104,10 @@ def route(observed: Observed, now: dt.datetime) -> Step:
     pods = [p for p in (pod, *observed.shards) if p is not None]
     if kueue is not None:
         # A sharded job's pods stand together: one that runs is the one Kueue judges.
-        live = next((p for p in pods if not _is_over(p)), pods[0] if pods else None)
+        live = next(
+            (p for p in pods if not kueueadmission.pod_is_over(p.phase, p.main.state)),
+            pods[0] if pods else None,
+        )
         verdict = kueueadmission.gate(
             state=state,
             pod_exists=live is not None,
@@ -132,10 +135,6 @@ def route(observed: Observed, now: dt.datetime) -> Step:
             return Step.SCHEDULE  # every shard succeeded: the merge pod
         return Step.POD_VANISHED
     return _pod_step(pod)
-
-
-def _is_over(pod: PodView) -> bool:
-    return pod.main.state == "terminated" or pod.phase in ("Failed", "Succeeded")
 
 
 def spec_changed(job: JobView) -> bool:

@@ -37,8 +37,10 @@ __all__ = [
     "adopt",
     "decide_failure",
     "job_pod",
+    "mark_started",
     "queue_message",
     "queued",
+    "record_spec",
     "schedule",
     "validation_message",
 ]
@@ -111,7 +113,7 @@ def schedule(observed: Observed, settings: Settings, now: dt.datetime) -> Decisi
     draft = _scheduled_draft(job, now, manifest["metadata"]["name"], spec, admitted_by)
     # The pod's UID is added by the actuator from the create response.
     draft.fields.update(pod_attempt=attempt, pod_uid=None, pod_fingerprint=None)
-    _record_spec(job, draft)
+    record_spec(job, draft)
     claim = podspec.managed_claim(job.name, job.namespace, job.uid, spec)
     return Decision([CreatePod(manifest, attempt, claim), *draft.actions()])
 
@@ -126,9 +128,25 @@ def _scheduled_draft(
     """The status of a job whose pod `name` was just created (or adopted);
     `admitted_by` says so when Kueue admitted it."""
     draft = StatusDraft(job, now)
+    mark_started(draft, f"pod {name} created", "PodCreated", spec, admitted_by)
+    draft.fields["pod_name"] = name
+    return draft
+
+
+def mark_started(
+    draft: StatusDraft,
+    created: str,
+    reason: str,
+    spec: api.LMEvalJobSpec | None,
+    admitted_by: str | None = None,
+) -> None:
+    """`draft` Scheduled, its pods just made (`created` says which: the job's pod,
+    or a sharded job's shards, condition Scheduled's `reason`): a resumed job's
+    pause counted, its start and outputs recorded."""
+    job = draft.job
     resumed = job.status.state == S.SUSPENDED
     if resumed:
-        paused = seconds_between(job.status.suspend_time, now)
+        paused = seconds_between(job.status.suspend_time, draft.moment)
         draft.fields["suspended_seconds"] = int((job.status.suspended_seconds or 0) + paused)
         draft.fields.pop("suspend_time", None)
         if admitted_by is not None:
@@ -136,15 +154,12 @@ def _scheduled_draft(
         else:
             draft.condition(C.SUSPENDED, False, "Resumed", "spec.suspend is false")
         draft.condition(C.RUNNING, False, "Resumed", "a fresh pod was created")
-    draft.state(
-        S.SCHEDULED, R.NO_REASON, f"pod {name} created", event="Resumed" if resumed else None
-    )
-    draft.fields.update(pod_name=name, last_schedule_time=draft.now)
+    draft.state(S.SCHEDULED, R.NO_REASON, created, event="Resumed" if resumed else None)
+    draft.fields["last_schedule_time"] = draft.now
     draft.fields.setdefault("start_time", draft.now)
     if spec is not None and (outputs := podspec.outputs_location(spec, job.name, job.uid)):
         draft.fields["outputs"] = outputs
-    draft.condition(C.SCHEDULED, True, "PodCreated", f"pod {name} created")
-    return draft
+    draft.condition(C.SCHEDULED, True, reason, created)
 
 
 def adopt(job: JobView, pod: PodView, now: dt.datetime) -> Decision:
@@ -163,11 +178,11 @@ def adopt(job: JobView, pod: PodView, now: dt.datetime) -> Decision:
         pod_attempt=pod.proof_attempt,
         pod_fingerprint=pod.fingerprint or None,
     )
-    _record_spec(job, draft)
+    record_spec(job, draft)
     return Decision(draft.actions())
 
 
-def _record_spec(job: JobView, draft: StatusDraft) -> None:
+def record_spec(job: JobView, draft: StatusDraft) -> None:
     """Record what the job evaluates when its first pod is made (or adopted): from
     then on its spec is frozen but for its control switches (`views.spec_digest`)."""
     if job.status.spec_digest is None and job.digest:

@@ -53,8 +53,13 @@ from poller.decisions.ownership import (
     foreign_pod_message,
     judge_shard,
 )
-from poller.decisions.scheduling import decide_failure, validation_message
-from poller.decisions.views import JobView, PodView
+from poller.decisions.scheduling import (
+    decide_failure,
+    mark_started,
+    record_spec,
+    validation_message,
+)
+from poller.decisions.views import JobView, PodView, pending_cause
 from poller.jobpod import podspec
 from poller.timefmt import seconds_between
 
@@ -196,7 +201,7 @@ class _Stage:
             waited = seconds_between(pod.created, self.now)
             if waited > self.settings.pod_pending_timeout:
                 timeout = int(self.settings.pod_pending_timeout)
-                cause = pod.unschedulable_message or pod.main.reason or f"phase {pod.phase}"
+                cause = pending_cause(pod)
                 self.fail(
                     f"shard {index}: pod {pod.name} did not start within {timeout} s: {cause}",
                     "PodPendingTimeout",
@@ -240,40 +245,39 @@ def run_shards(observed: Observed, settings: Settings, now: dt.datetime) -> Deci
     deletes: list[Action] = [DeletePod(name) for name in stage.deletes]
     if stage.failed:
         return Decision(draft.actions(before=deletes))
-    creates = _creates(observed, settings, now, stage)
-    if isinstance(creates, Decision):
-        return creates
-    _stage_status(draft, job, stage, done, count, now)
+    spec: api.LMEvalJobSpec | None = None
+    creates: list[Action] = []
+    if stage.creates:
+        try:
+            spec = api.LMEvalJobSpec.model_validate(job.spec)
+        except ValidationError as error:
+            return decide_failure(job, now, validation_message(error))
+        try:
+            creates = _creates(observed, settings, spec, stage)
+        except podspec.JobPodError as error:
+            return decide_failure(job, now, str(error))
+    _stage_status(observed, spec, stage, done)
     return Decision([*deletes, *creates, *draft.actions()])
 
 
 def _creates(
-    observed: Observed, settings: Settings, now: dt.datetime, stage: _Stage
-) -> list[Action] | Decision:
-    """The shard pods to make, placed where Kueue admitted the job; or the
-    decision that fails a job whose spec cannot become a pod."""
+    observed: Observed, settings: Settings, spec: api.LMEvalJobSpec, stage: _Stage
+) -> list[Action]:
+    """The shard pods to make, placed where Kueue admitted the job (raises
+    JobPodError when the spec cannot become a pod)."""
     job, kueue = observed.job, observed.kueue
-    if not stage.creates:
-        return []
-    try:
-        spec = api.LMEvalJobSpec.model_validate(job.spec)
-    except ValidationError as error:
-        return decide_failure(job, now, validation_message(error))
     actions: list[Action] = []
     claim = podspec.managed_claim(job.name, job.namespace, job.uid, spec)
     for index in stage.creates:
-        try:
-            manifest = podspec.build_pod(
-                name=job.name,
-                namespace=job.namespace,
-                uid=job.uid,
-                spec=spec,
-                settings=settings,
-                run_as_user=observed.run_as_user,
-                shard=index,
-            )
-        except podspec.JobPodError as error:
-            return decide_failure(job, now, str(error))
+        manifest = podspec.build_pod(
+            name=job.name,
+            namespace=job.namespace,
+            uid=job.uid,
+            spec=spec,
+            settings=settings,
+            run_as_user=observed.run_as_user,
+            shard=index,
+        )
         if kueue is not None and kueue.workload is not None:
             manifest = kueueadmission.place(manifest, kueue.flavors or ())
         attempt = stage.records[index].attempt
@@ -282,30 +286,20 @@ def _creates(
 
 
 def _stage_status(
-    draft: StatusDraft, job: JobView, stage: _Stage, done: int, count: int, now: dt.datetime
+    observed: Observed, spec: api.LMEvalJobSpec | None, stage: _Stage, done: int
 ) -> None:
     """Scheduled when the first pods are made (or made again after a suspend),
     Running while a shard runs; progress is the share of shards done."""
+    job, kueue, draft = observed.job, observed.kueue, stage.draft
+    count = job.shard_count
     running = sum(1 for r in stage.records if r.state == H.RUNNING)
-    state = job.status.state
-    if state in (None, S.NEW, S.SUSPENDED):
-        if state == S.SUSPENDED:
-            paused = seconds_between(job.status.suspend_time, now)
-            draft.fields["suspended_seconds"] = int((job.status.suspended_seconds or 0) + paused)
-            draft.fields.pop("suspend_time", None)
-            draft.condition(C.SUSPENDED, False, "Resumed", "the shards start again")
-        event = "Resumed" if state == S.SUSPENDED else None
-        draft.state(S.SCHEDULED, R.NO_REASON, f"{count} shard pods: {done} done", event=event)
-        draft.fields.setdefault("start_time", draft.now)
-        if job.status.spec_digest is None and job.digest:
-            draft.fields["spec_digest"] = job.digest
-        try:
-            spec = api.LMEvalJobSpec.model_validate(job.spec)
-        except ValidationError:
-            spec = None
-        if spec is not None and (outputs := podspec.outputs_location(spec, job.name, job.uid)):
-            draft.fields["outputs"] = outputs
-        draft.condition(C.SCHEDULED, True, "ShardsCreated", f"{count} shard pods created")
+    if job.status.state in (None, S.NEW, S.SUSPENDED):
+        workload = kueue.workload if kueue is not None else None
+        admitted_by = None
+        if workload is not None:
+            admitted_by = f"admitted by Kueue (ClusterQueue {workload.cluster_queue})"
+        mark_started(draft, f"{count} shard pods created", "ShardsCreated", spec, admitted_by)
+        record_spec(job, draft)
     if running:
         message = f"{running} of {count} shards running, {done} done"
         if draft.fields.get("state") != S.RUNNING.value:

@@ -44,8 +44,10 @@ __all__ = [
     "ProofCheck",
     "QueueSlot",
     "controller_reference",
+    "pending_cause",
     "pod_fingerprint",
     "spec_digest",
+    "waiting_init",
 ]
 
 
@@ -483,6 +485,32 @@ class PodView:
                 "",
             ),
         )
+
+
+def pending_cause(pod: PodView) -> str:
+    """Why a pod has not started, in the scheduler's or the kubelet's words."""
+    if pod.unschedulable_message:
+        return pod.unschedulable_message
+    waiting = waiting_init(pod)
+    if waiting is not None:
+        name, init = waiting
+        detail = f": {init.message}" if init.message else ""
+        return f"init container {name}: {init.reason}{detail}"
+    if pod.main.state == "waiting" and pod.main.reason:
+        detail = f": {pod.main.message}" if pod.main.message else ""
+        return f"{pod.main.reason}{detail}"
+    return f"pod phase {pod.phase}"
+
+
+def waiting_init(pod: PodView) -> tuple[str, ContainerView] | None:
+    """The init container the pod waits for, when it waits for a reason
+    (ErrImagePull of the git-image, ...) rather than merely starting."""
+    if pod.init is None:
+        return None
+    init = pod.init[1]
+    if init.state != "waiting" or init.reason in ("", "PodInitializing"):
+        return None
+    return pod.init
 
 
 def _altered(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:

@@ -89,16 +89,21 @@ POD_TMP = "/tmp"  # noqa: S108
 
 def pod_name(job_name: str, job_uid: str) -> str:
     """Deterministic pod name: the job's name (cut) plus 6 hex of its UID."""
-    suffix = hashlib.sha256(job_uid.encode()).hexdigest()[:6]
-    stem = job_name[: _NAME_LIMIT - len(suffix) - 1].rstrip("-.")
-    return f"{stem}-{suffix}"
+    return _named(job_name, f"-{_uid_suffix(job_uid)}")
+
+
+def _uid_suffix(job_uid: str) -> str:
+    return hashlib.sha256(job_uid.encode()).hexdigest()[:6]
+
+
+def _named(job_name: str, tail: str) -> str:
+    """The job's name, cut so that with `tail` it fits a pod name."""
+    return f"{job_name[: _NAME_LIMIT - len(tail)].rstrip('-.')}{tail}"
 
 
 def shard_pod_name(job_name: str, job_uid: str, index: int) -> str:
     """Deterministic name of shard `index`'s pods: the job's pod name plus ``-shard-<index>``."""
-    suffix = hashlib.sha256(job_uid.encode()).hexdigest()[:6]
-    tail = f"-{suffix}-shard-{index}"
-    return f"{job_name[: _NAME_LIMIT - len(tail)].rstrip('-.')}{tail}"
+    return _named(job_name, f"-{_uid_suffix(job_uid)}-shard-{index}")
 
 
 def shard_count(spec: api.LMEvalJobSpec) -> int:
