@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client
 from lmeval_sandbox import kwok
 from lmeval_sandbox.controlplane import ControlPlane
-from lmeval_sandbox.crd import CRD_PATH
+from lmeval_sandbox.crd import CRD_PATHS
 from lmeval_sandbox.identities import service_account_kubeconfig
 
 from driver.protocol import encode_marker, encode_results
@@ -44,11 +44,15 @@ JOB_SA_MANIFEST = REPO / "deploy" / "components" / "job-namespace" / "job-servic
 @pytest.fixture(scope="session")
 def poller_installed(control_plane: ControlPlane) -> ControlPlane:
     """The CRD and the poller's RBAC from the repository, applied as an admin."""
-    control_plane.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    for crd_path in CRD_PATHS:
+        control_plane.kubectl("apply", "--server-side", "-f", str(crd_path))
     control_plane.kubectl("apply", "-f", str(REPO / "deploy" / "base" / "namespace.yaml"))
     control_plane.kubectl("apply", "-f", str(REPO / "deploy" / "base" / "rbac.yaml"))
     control_plane.kubectl(
-        "wait", "--for=condition=Established", f"crd/{api.PLURAL}.{api.API_GROUP}"
+        "wait",
+        "--for=condition=Established",
+        f"crd/{api.PLURAL}.{api.API_GROUP}",
+        f"crd/{api.SUITE_PLURAL}.{api.API_GROUP}",
     )
     return control_plane
 

@@ -398,8 +398,8 @@ class Observer:
         if needs.gate_items and gate is not None and gate.baseline is not None:
             gate = replace(
                 gate,
-                own=self._read_items(job.namespace, job.name, job.uid),
-                base=self._read_items(job.namespace, gate.baseline.name, gate.baseline.uid),
+                own=self.read_items(job.namespace, job.name, job.uid),
+                base=self.read_items(job.namespace, gate.baseline.name, gate.baseline.uid),
             )
         return replace(
             listed,
@@ -410,7 +410,7 @@ class Observer:
             gate=gate,
         )
 
-    def _read_items(self, namespace: str, name: str, uid: str) -> ItemsRead:
+    def read_items(self, namespace: str, name: str, uid: str) -> ItemsRead:
         """A job's per-item scores from its results ConfigMap, or why there are none.
 
         Only a ConfigMap whose controller is that job counts (anyone may make

@@ -56,6 +56,7 @@ from poller.cycle.podio import PodIO
 from poller.cycle.podproof import PodProof, load_pod_proof
 from poller.cycle.retained import RetainedJobs, record_of
 from poller.cycle.statuswrites import StatusWrites
+from poller.cycle.suites import SuiteLoop, SuitesReport
 from poller.cycle.sweep import FinishedSweep, SweepReport
 from poller.decisions import decide as decisions
 from poller.decisions.actions import Decision, Needs
@@ -96,6 +97,8 @@ class CycleReport:
     retained: Sequence[JobSeries] = ()
     # The jobs this cycle moved to Complete (their durations are observed once).
     finished: list[JobView] = field(default_factory=list)
+    # The suites' half of the cycle (`poller.cycle.suites`), None when not run.
+    suites: SuitesReport | None = None
     # Jobs act on several threads (see Reconciler.run_cycle): counts go through it.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -142,6 +145,7 @@ class Reconciler:
         self.sweep_in_cycle = sweep_in_cycle
         self.observer = Observer(kube, self.reads, namespaces, self.retained)
         self.actuator = Actuator(kube, self.reads, self.writes, self.pod_proof)
+        self.suites = SuiteLoop(kube, self.observer, self.pod_proof, namespaces)
         self.settings_namespace = settings_namespace
         self.clock = clock
         self.tracker = tracker or SettingsTracker()
@@ -253,8 +257,22 @@ class Reconciler:
         self._forget_progress(pods_by_job)
         self._failures.forget_except({job.uid for job in jobs})
         self._keep_finished(report, jobs, acted)
+        if not report.skipped and self.may_act():
+            self._run_suites(report)
         report.duration = time.monotonic() - started
         return report
+
+    def _run_suites(self, report: CycleReport) -> None:
+        """The suites' half (`poller.cycle.suites`), after the jobs: a failed LIST of
+        suites is counted, and the jobs' half stands."""
+        try:
+            report.suites = self.suites.run(self.clock())
+        except Exception as error:
+            self._count_error(report, {"namespace": "*", "name": "lmevalsuites"}, error)
+            return
+        for message in report.suites.errors:
+            report.add_error(message)
+        report.add(patches=report.suites.patches)
 
     def _keep_finished(self, report: CycleReport, listed: list[JobView], acted: set[str]) -> None:
         """The store of finished jobs after this cycle: each job decided that is

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping
+from enum import StrEnum
 
 from driver import protocol
 from poller import api
@@ -58,7 +59,7 @@ def _finite(value: object) -> float | None:
 
 def set_condition(
     conditions: list[api.Condition],
-    kind: api.ConditionType,
+    kind: StrEnum,
     status: bool | None,
     reason: str,
     message: str,
@@ -89,7 +90,7 @@ def set_condition(
         )
     )
     # Keep a stable order so that an unchanged set compares equal.
-    order = {kind.value: index for index, kind in enumerate(api.ConditionType)}
+    order = {member.value: index for index, member in enumerate(type(kind))}
     return sorted(out, key=lambda c: order.get(c.type, len(order)))
 
 

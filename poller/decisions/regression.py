@@ -69,6 +69,8 @@ __all__ = [
     "decide_gate",
     "needs_items",
     "recorded_verdict",
+    "results_of",
+    "task_items",
     "unpack_items",
 ]
 
@@ -213,7 +215,7 @@ def unpack_items(encoded: str) -> bytes:
     return lmeval.gunzip_base64(encoded, ITEM_SCORES_LIMITS.max_bytes, lmeval.ITEMS_KEY)
 
 
-def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:
+def results_of(read: ItemsRead | None) -> dict[str, Any] | None:
     """lm_eval's results JSON kept beside the items, or None (absent or unreadable:
     the task hashes are then not compared, the documents' digests still are)."""
     if read is None or read.results is None:
@@ -226,7 +228,7 @@ def _results_of(read: ItemsRead | None) -> dict[str, Any] | None:
         return None
 
 
-def _task_items(read: ItemsRead | None, task: str, who: str) -> TaskItems | str:
+def task_items(read: ItemsRead | None, task: str, who: str) -> TaskItems | str:
     """The task's items from `read`, or why there are none (`who`: whose they are)."""
     if read is None or read.encoded is None:
         problem = read.problem if read is not None and read.problem else "nothing was read"
@@ -298,8 +300,8 @@ def decide_gate(job: JobView, view: GateView) -> GateOutcome | None:
         return GateOutcome(None, reason, message, _unknown(start, reason, final))
     if view.own is None or view.base is None:
         return None  # the scores were not read this cycle
-    own = _task_items(_noted(view.own, job), gate.task, "this job")
-    theirs = _task_items(_noted(view.base, view.baseline), gate.task, f"baseline {name}")
+    own = task_items(_noted(view.own, job), gate.task, "this job")
+    theirs = task_items(_noted(view.base, view.baseline), gate.task, f"baseline {name}")
     if isinstance(own, str) or isinstance(theirs, str):
         message = "; ".join(p for p in (theirs, own) if isinstance(p, str))
         if isinstance(theirs, str):
@@ -309,7 +311,7 @@ def decide_gate(job: JobView, view: GateView) -> GateOutcome | None:
             )
         final = not (view.own.retry or view.base.retry)
         return GateOutcome(None, NO_ITEM_SCORES, message, _unknown(start, NO_ITEM_SCORES, final))
-    return _compared(theirs, own, gate, start, (_results_of(view.base), _results_of(view.own)))
+    return _compared(theirs, own, gate, start, (results_of(view.base), results_of(view.own)))
 
 
 def _unknown(start: api.GateStatus, reason: str, final: bool) -> api.GateStatus:

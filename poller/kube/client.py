@@ -103,6 +103,39 @@ class Kube(KubeReads):
             content_type="application/merge-patch+json",
         )
 
+    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create an LMEvalJob (a suite's run); None when the name was taken already."""
+        namespace = manifest["metadata"]["namespace"]
+        try:
+            raw = self._request(
+                "POST",
+                f"{JOBS_API}/namespaces/{namespace}/{api.PLURAL}",
+                verb="create",
+                resource=api.PLURAL,
+                body=manifest,
+            )
+        except Conflict:
+            return None
+        created: dict[str, Any] = json.loads(raw)
+        return created
+
+    def patch_suite_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> None:
+        """Replace a suite's status (a merge patch whose lists are whole); the
+        resourceVersion turns a stale write into Conflict."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        self._request(
+            "PATCH",
+            f"{JOBS_API}/namespaces/{namespace}/{api.SUITE_PLURAL}/{name}/status",
+            verb="patch",
+            resource=f"{api.SUITE_PLURAL}/status",
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
     def create_claim(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create a PersistentVolumeClaim: None when created, else the one of that name."""
         path = f"/api/v1/namespaces/{manifest['metadata']['namespace']}/persistentvolumeclaims"
@@ -296,6 +329,7 @@ class Kube(KubeReads):
         reason: str,
         message: str,
         now: dt.datetime,
+        kind: str = api.KIND,
     ) -> None:
         """Record a core/v1 Event on the job (what `kubectl describe` shows)."""
         stamp = timefmt.format_time(now)
@@ -308,7 +342,7 @@ class Kube(KubeReads):
             },
             "involvedObject": {
                 "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
-                "kind": api.KIND,
+                "kind": kind,
                 "name": job_name,
                 "namespace": namespace,
                 "uid": job_uid,

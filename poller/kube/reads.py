@@ -68,6 +68,8 @@ RequestHook = Callable[[str, str, str], None]
 PAGE_SIZE = 500
 # The API paths of the LMEvalJobs and of Kueue's objects (the writes use them too).
 JOBS_API = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
+# KServe's API, read for a suite's model trigger (spec.triggers.modelChange).
+KSERVE_API = "/apis/serving.kserve.io/v1beta1"
 KUEUE_API = f"/apis/{kueueadmission.KUEUE_GROUP}/{kueueadmission.KUEUE_VERSION}"
 REQUEST_TIMEOUT = 30.0
 # A LIST answered as metadata only (kind PartialObjectMetadataList).
@@ -240,6 +242,53 @@ class KubeReads:
             following = (page.get("metadata") or {}).get("continue") or None
             return JobsPage(page.get("items") or [], following, inconsistent)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def list_suites(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every LMEvalSuite (in `namespace`, or in all; few: one per model and
+        team), whole."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list_whole(f"{JOBS_API}{where}/{api.SUITE_PLURAL}", api.SUITE_PLURAL)
+
+    def list_suite_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every LMEvalJob carrying a suite's label (in `namespace`, or in all),
+        whole: their metadata proves them."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self._list_whole(
+            f"{JOBS_API}{where}/{api.PLURAL}", api.PLURAL, labelSelector=api.SUITE_LABEL
+        )
+
+    def _list_whole(self, path: str, resource: str, **query: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            raw = self._request(
+                "GET",
+                path,
+                verb="list",
+                resource=resource,
+                query={**query, "limit": PAGE_SIZE, "continue": token},
+            )
+            page = json.loads(raw)
+            items.extend(item for item in page.get("items") or [] if isinstance(item, dict))
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items
+
+    def read_inference_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A KServe InferenceService (a suite's model trigger), or None when it, or
+        KServe's CRD, does not exist."""
+        try:
+            raw = self._request(
+                "GET",
+                f"{KSERVE_API}/namespaces/{namespace}/inferenceservices/{name}",
+                verb="get",
+                resource="inferenceservices",
+                max_bytes=1 << 20,
+            )
+        except NotFound:
+            return None
+        found: dict[str, Any] = json.loads(raw)
+        return found
 
     def find_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The LMEvalJob `namespace/name` as a `JobObject`, or None (a LIST by name:

@@ -9,5 +9,7 @@ driver's contract (``driver.protocol``) are imported.
   job's results ConfigMap; the scores read out of it once;
 * ``itemstore``: a run's per-item scores, checked once, counted and stored;
 * ``provenance``: what identifies a run, read from its pod, its log and its results;
-* ``pairedstats``: the paired comparison of two runs over the same documents.
+* ``pairedstats``: the paired comparison of two runs over the same documents;
+* ``power``: how large a drop a paired comparison of n documents can see;
+* ``suiteverdict``: a suite run's criteria judged against its baseline, then the whole.
 """

@@ -115,6 +115,9 @@ class StandInKube:
     def read_secret(self, namespace: str, name: str) -> dict[str, Any]:
         return {"data": {KEY_FIELD: base64.b64encode(KEY).decode()}}
 
+    def list_suites(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        return []  # no LMEvalSuite: the suites' half of the cycle lists and stops
+
     def list_jobs(
         self, namespace: str | None = None, *, field_selector: str | None = None, **_: Any
     ) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from lmeval_sandbox.controlplane import ControlPlane
-from lmeval_sandbox.crd import CRD_PATH
+from lmeval_sandbox.crd import CRD_PATHS
 from lmeval_sandbox.identities import service_account_kubeconfig
 from lmeval_sandbox.runner import NODE_NAME
 from lmeval_sandbox.supervise import http_ok
@@ -153,7 +153,8 @@ def _alive(pid: int) -> bool:
 def install(plane: ControlPlane, namespace: str) -> None:
     """The CRD, the poller's namespace and RBAC, the admission policies, a job
     namespace, the settings."""
-    plane.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    for crd_path in CRD_PATHS:
+        plane.kubectl("apply", "--server-side", "-f", str(crd_path))
     plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / "namespace.yaml"))
     plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / "rbac.yaml"))
     # As installed: the sample's job passes them (its creator is the admin), and

@@ -898,9 +898,17 @@ def _operator_modules(package: Path) -> list[tuple[str, Path]]:
         parts = path.relative_to(package).with_suffix("").parts
         if parts[0] in ("cli", "sandbox"):
             continue
-        dotted = ".".join((package.name, *parts))
-        found.append((dotted.removesuffix(".__init__"), path))
+        dotted = ".".join((package.name, *parts)).removesuffix(".__init__")
+        if dotted in _OTHER_KINDS:
+            continue
+        found.append((dotted, path))
     return found
+
+
+# Modules whose "state", "reason" and "message" are an LMEvalSuite's run records,
+# not an LMEvalJob's status: the reasons page is the jobs' (the suite's reasons
+# are in deploy/samples/suites.md).
+_OTHER_KINDS = frozenset({"poller.decisions.suites", "poller.cycle.suites"})
 
 
 class _Source:
