@@ -64,6 +64,7 @@ from poller import api, buildinfo
 from poller.cycle.reconciler import CycleReport
 from poller.decisions.views import JobView
 from poller.jobmetrics import JobCollector, JobFamilyPart
+from poller.suitemetrics import SuiteCollector, SuiteSeries
 from poller.timefmt import timestamp
 
 __all__ = [
@@ -195,6 +196,8 @@ class PollerMetrics:
         )
         self.jobs = JobCollector()
         r.register(self.jobs)
+        self.suites = SuiteCollector()
+        r.register(self.suites)
         for reason in REASONS[1:]:
             self.job_duration.labels(reason)
         self.leader.set(1)
@@ -255,11 +258,19 @@ class PollerMetrics:
             self.cycles.labels("skipped").inc()
             self.set_leader(False)
             self.jobs.update(())
+            self.suites.update(())
             return
         self.set_leader(True)
         self.cycles.labels("success").inc()
         self.cycle_duration.observe(report.duration)
         self.jobs.update(report.snapshot, report.retained)
+        if report.suites is not None:  # None: the suites' LIST failed; keep what was shown
+            self.suites.update(
+                [
+                    SuiteSeries(view.namespace, view.name, dict(view.raw_status))
+                    for view in report.suites.snapshot
+                ]
+            )
         self._observe_durations(report.finished)
         self.last_success.set(now)
 

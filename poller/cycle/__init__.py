@@ -14,5 +14,6 @@ remembers between cycles lives here too, bounded.
 * ``podio``: a job pod's log and files read (bounded), and the pod actions that exec;
 * ``tasksnapshot``: custom-task ConfigMaps checked for code, then frozen;
 * ``poison``: bounded retries when handling one job keeps failing;
-* ``retained``, ``jobseries``: what is kept of each finished job between sweeps.
+* ``retained``, ``jobseries``: what is kept of each finished job between sweeps;
+* ``suites``: the LMEvalSuites' half of a cycle, after the jobs.
 """

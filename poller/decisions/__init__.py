@@ -17,5 +17,6 @@ returns frozen data and is called once per job per cycle.
 * ``regression``: the regression gate's verdict (``spec.baseline``, ``spec.gate``);
 * ``draft``: the next status, drafted field by field;
 * ``ownership``: whether a pod is the job's own;
-* ``taskcode``: where a custom-task ConfigMap would make lm_eval run code.
+* ``taskcode``: where a custom-task ConfigMap would make lm_eval run code;
+* ``suites``: an LMEvalSuite's decision: triggers, baseline, verdict, history.
 """

@@ -754,11 +754,11 @@ def render_metrics() -> str:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
-    from poller import jobmetrics, metrics
+    from poller import jobmetrics, metrics, suitemetrics
 
     registry = CollectorRegistry()
     poller_metrics = metrics.PollerMetrics(registry, version="", revision="")
-    labels = dict(jobmetrics.family_labels())
+    labels = {**jobmetrics.family_labels(), **suitemetrics.suite_family_labels()}
     for value in vars(poller_metrics).values():
         if isinstance(value, MetricWrapperBase):
             for family in value.describe():
