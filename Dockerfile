@@ -95,12 +95,14 @@ LABEL org.opencontainers.image.title="lmeval-driver" \
 # -- job: the evaluation container: lmeval-driver with lm-eval, nothing else ---
 FROM python-base AS job
 COPY --from=build ${WHEELS} ${WHEELS}
-# The driver's `eval` extra pins lm-eval with its API models (driver/pyproject.toml).
-# (DL3013 asks for pinned names; this is a local wheel whose extra pins lm-eval.)
+# The driver's `eval` extra pins lm-eval with its API models; its `attest` extra
+# adds `cryptography` (about 18 MB with cffi), which driver.attest signs a
+# suite's verdict with in the pod (driver/pyproject.toml).
+# (DL3013 asks for pinned names; this is a local wheel whose extras pin them.)
 # hadolint ignore=DL3013
 RUN python -m venv "${VIRTUAL_ENV}" \
     && set -- "${WHEELS}"/lmeval_driver-*.whl \
-    && pip install "$1[eval]" \
+    && pip install "$1[eval,attest]" \
     && rm -rf "${WHEELS}"
 # The only writable paths; group 0 may write them whatever the UID.
 ENV HOME=/tmp \

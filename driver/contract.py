@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 __all__ = [
+    "ATTESTATION_PREDICATE_TYPE",
+    "ATTEST_MODULE",
     "CMD_DECODE",
     "CMD_FETCH_S3",
     "CMD_RELEASE",
@@ -48,6 +50,7 @@ __all__ = [
     "SHARDS_RECORD",
     "SHARD_MODULE",
     "RunArgs",
+    "attest_argv",
     "driver_command",
     "fetch_s3_argv",
     "option_flag",
@@ -224,3 +227,41 @@ def shard_merge_argv(count: int, root: str, lm_eval_args: Sequence[str]) -> list
         END_OF_OPTIONS,
         *lm_eval_args,
     ]
+
+
+# A suite's signed verdict (spec.attestation): the poller's signing pod runs
+# `attest_argv` (driver/attest.py), which signs the statement file with the
+# key file and prints one line, {"envelope": <DSSE envelope>, "pushed":
+# <manifest digest or null>}, that the poller reads from the pod's log
+# (`driver.protocol.parse_attestation_output`). Every option is one token.
+ATTEST_MODULE = "driver.attest"
+ATTESTATION_PREDICATE_TYPE = "https://foundation-model-stack.github.com/lmeval/suite-verdict/v1"
+
+
+def attest_argv(
+    *,
+    statement: str,
+    key: str,
+    password_file: str | None = None,
+    push: str | None = None,
+    registry_credentials: str | None = None,
+    plain_http: bool = False,
+) -> list[str]:
+    """The signing pod's command: sign `statement` with `key` (and push it beside `push`)."""
+    argv = [
+        "python",
+        "-P",
+        "-m",
+        ATTEST_MODULE,
+        _option("--statement", statement),
+        _option("--key", key),
+    ]
+    if password_file is not None:
+        argv.append(_option("--password-file", password_file))
+    if push is not None:
+        argv.append(_option("--push", push))
+        if registry_credentials is not None:
+            argv.append(_option("--registry-credentials", registry_credentials))
+        if plain_http:
+            argv.append("--plain-http")
+    return argv

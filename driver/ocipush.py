@@ -19,6 +19,10 @@ the distribution API of its own:
   asked with those credentials if any, for ``repository:<name>:pull,push``).
 
 Plain HTTP is used only when asked, and only for a loopback registry.
+
+The client (`Client`, `open_client`) and its blob and manifest requests are
+public: ``driver.attest`` pushes signed verdicts to the same registries with
+the same credentials, as cosign stores them.
 """
 
 from __future__ import annotations
@@ -36,15 +40,25 @@ from email.message import Message
 
 __all__ = [
     "ARTIFACT_TYPE",
+    "DIGEST",
     "EMPTY_CONFIG",
     "MANIFEST_TYPE",
+    "MAX_MANIFEST",
+    "Client",
     "OciError",
     "Reference",
     "basic_credentials",
     "build_manifest",
+    "describe_manifest",
+    "digest_of",
+    "get_manifest",
+    "open_client",
     "parse_challenge",
+    "parse_digest_reference",
     "parse_reference",
+    "push_blob",
     "push_results",
+    "put_manifest",
 ]
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -54,11 +68,22 @@ PROVENANCE_TYPE = "application/vnd.lmeval.provenance.v1+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY_CONFIG = b"{}"
 TIMEOUT = 60.0
+# What a registry's answers may weigh: distribution's own limit for a manifest,
+# and the head of an error's body (only its first 300 characters are shown).
+MAX_MANIFEST = 4 * 1024 * 1024
+MAX_ERROR_BODY = 64 * 1024
+MANIFEST_TYPES = (
+    MANIFEST_TYPE,
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
 # host[:port]/path[:tag]; the same grammar as the schema's (no scheme, no '-' first).
 _HOST = r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}"
 _REFERENCE = re.compile(rf"^({_HOST})/({_PATH})(?::({_TAG}))?$")
+_AT_DIGEST = re.compile(rf"^({_HOST})/({_PATH})@(sha256:[a-f0-9]{{64}})$")
 DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -86,12 +111,25 @@ def parse_reference(text: str) -> Reference:
     return Reference(match.group(1), match.group(2), match.group(3))
 
 
-def _digest(data: bytes) -> str:
+def parse_digest_reference(text: str) -> tuple[str, str, str]:
+    """``host[:port]/path@sha256:<hex>``: (registry, repository, digest)."""
+    match = _AT_DIGEST.fullmatch(text)
+    if match is None:
+        raise OciError(f"not a registry reference host[:port]/path@sha256:<hex>: {text!r}")
+    return match.group(1), match.group(2), match.group(3)
+
+
+def digest_of(data: bytes) -> str:
+    """The ``sha256:<hex>`` digest of a blob or manifest."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _descriptor(media_type: str, data: bytes, title: str | None = None) -> dict[str, object]:
-    desc: dict[str, object] = {"mediaType": media_type, "digest": _digest(data), "size": len(data)}
+    desc: dict[str, object] = {
+        "mediaType": media_type,
+        "digest": digest_of(data),
+        "size": len(data),
+    }
     if title is not None:
         desc["annotations"] = {"org.opencontainers.image.title": title}
     return desc
@@ -153,7 +191,10 @@ def basic_credentials(config: Mapping[str, object], registry: str) -> str | None
 
 
 @dataclass
-class _Client:
+class Client:
+    """A session with one repository of a registry: its scheme, the Basic
+    credentials found for it, and the Authorization a 401 led to."""
+
     ref: Reference
     scheme: str
     basic: str | None  # base64 user:password, if the Secret had some
@@ -169,7 +210,10 @@ class _Client:
         url: str,
         data: bytes | None = None,
         headers: dict[str, str] | None = None,
+        limit: int | None = None,
     ) -> tuple[int, Message[str, str], bytes]:
+        """One request, answering a 401's challenge once; a body longer than
+        `limit` (when given) is refused, not read whole."""
         for _attempt in range(2):
             req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - http(s)
             for key, value in (headers or {}).items():
@@ -178,9 +222,14 @@ class _Client:
                 req.add_header("Authorization", self.authorization)
             try:
                 with _OPENER.open(req, timeout=TIMEOUT) as resp:
-                    return resp.status, resp.headers, resp.read()
+                    if limit is None:
+                        return resp.status, resp.headers, resp.read()
+                    body = resp.read(limit + 1)
+                    if len(body) > limit:
+                        raise OciError(f"{method} {url}: the answer exceeds {limit} bytes")
+                    return resp.status, resp.headers, body
             except urllib.error.HTTPError as exc:
-                body = exc.read()
+                body = exc.read(MAX_ERROR_BODY)
                 if exc.code != 401:
                     return exc.code, exc.headers, body
                 if self._authenticate(exc.headers.get("WWW-Authenticate")):
@@ -227,7 +276,7 @@ class _Client:
             req.add_header("Authorization", f"Basic {self.basic}")
         try:
             with _OPENER.open(req, timeout=TIMEOUT) as resp:
-                body = json.loads(resp.read())
+                body = json.loads(resp.read(MAX_MANIFEST))
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise OciError(f"token from {realm}: {exc}") from None
         token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
@@ -245,13 +294,16 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect())
 
 
-def _push_blob(client: _Client, data: bytes) -> None:
+def push_blob(client: Client, data: bytes) -> None:
+    """Upload `data` unless the repository has it already."""
     name = client.ref.repository
-    digest = _digest(data)
-    status, _h, _b = client.request("HEAD", client.url(f"/v2/{name}/blobs/{digest}"))
+    digest = digest_of(data)
+    head = client.url(f"/v2/{name}/blobs/{digest}")
+    status, _h, _b = client.request("HEAD", head, limit=MAX_ERROR_BODY)
     if status == 200:
         return
-    status, headers, body = client.request("POST", client.url(f"/v2/{name}/blobs/uploads/"), b"")
+    start = client.url(f"/v2/{name}/blobs/uploads/")
+    status, headers, body = client.request("POST", start, b"", limit=MAX_ERROR_BODY)
     location = headers.get("Location") if status == 202 else None
     if not location:
         raise OciError(f"starting a blob upload: HTTP {status} {_brief(body)}")
@@ -261,7 +313,7 @@ def _push_blob(client: _Client, data: bytes) -> None:
     sep = "&" if urllib.parse.urlsplit(target).query else "?"
     headers_out = {"Content-Type": "application/octet-stream"}
     url = f"{target}{sep}digest={urllib.parse.quote(digest)}"
-    status, _h, body = client.request("PUT", url, data, headers_out)
+    status, _h, body = client.request("PUT", url, data, headers_out, limit=MAX_ERROR_BODY)
     if status != 201:
         raise OciError(f"uploading blob {digest}: HTTP {status} {_brief(body)}")
 
@@ -270,23 +322,64 @@ def _brief(body: bytes) -> str:
     return body[:300].decode("utf-8", "replace").strip()
 
 
-def _subject(client: _Client, digest: str) -> tuple[str, str, int]:
-    url = client.url(f"/v2/{client.ref.repository}/manifests/{digest}")
-    accept = ", ".join(
-        [
-            MANIFEST_TYPE,
-            "application/vnd.oci.image.index.v1+json",
-            "application/vnd.docker.distribution.manifest.v2+json",
-            "application/vnd.docker.distribution.manifest.list.v2+json",
-        ]
+def get_manifest(client: Client, reference: str) -> tuple[str, bytes] | None:
+    """The manifest at `reference` (a tag or digest) in the client's repository:
+    its media type and bytes; None when the registry has none (404)."""
+    url = client.url(f"/v2/{client.ref.repository}/manifests/{reference}")
+    accept = ", ".join(MANIFEST_TYPES)
+    status, headers, body = client.request(
+        "GET", url, headers={"Accept": accept}, limit=MAX_MANIFEST
     )
-    status, headers, body = client.request("GET", url, headers={"Accept": accept})
+    if status == 404:
+        return None
+    if status != 200:
+        raise OciError(f"reading the manifest {reference}: HTTP {status} {_brief(body)}")
+    return headers.get("Content-Type", MANIFEST_TYPE).split(";")[0].strip(), body
+
+
+def put_manifest(client: Client, tag: str, manifest: bytes, media_type: str) -> str:
+    """Store `manifest` under `tag`; returns its digest."""
+    url = client.url(f"/v2/{client.ref.repository}/manifests/{tag}")
+    headers = {"Content-Type": media_type}
+    status, _h, body = client.request("PUT", url, manifest, headers, limit=MAX_ERROR_BODY)
+    if status != 201:
+        raise OciError(f"putting the manifest {tag}: HTTP {status} {_brief(body)}")
+    return digest_of(manifest)
+
+
+def describe_manifest(client: Client, digest: str) -> tuple[str, str, int]:
+    """(mediaType, digest, size) of the manifest `digest`, checked to exist in the
+    client's repository and to hash to `digest`: an OCI 1.1 ``subject``."""
+    url = client.url(f"/v2/{client.ref.repository}/manifests/{digest}")
+    accept = ", ".join(MANIFEST_TYPES)
+    status, headers, body = client.request(
+        "GET", url, headers={"Accept": accept}, limit=MAX_MANIFEST
+    )
     if status != 200:
         raise OciError(f"subject {digest} not found in {client.ref.repository}: HTTP {status}")
-    if _digest(body) != digest:
+    if digest_of(body) != digest:
         raise OciError(f"subject {digest}: the registry's manifest has another digest")
     media_type = headers.get("Content-Type", MANIFEST_TYPE).split(";")[0].strip()
     return media_type, digest, len(body)
+
+
+def open_client(ref: Reference, *, docker_config: str | None, plain_http: bool) -> Client:
+    """A client for `ref`'s repository: HTTPS, or plain HTTP to a loopback
+    registry only; the Basic credentials of `ref`'s registry in the
+    ``.dockerconfigjson`` at `docker_config`, if given."""
+    if plain_http and ref.host not in LOOPBACK:
+        raise OciError(f"plain HTTP is allowed only to a loopback registry, not {ref.registry}")
+    basic = None
+    if docker_config is not None:
+        try:
+            with open(docker_config, "rb") as fh:
+                config = json.loads(fh.read(MAX_MANIFEST))
+        except (OSError, ValueError) as exc:
+            raise OciError(f"registry credentials {docker_config}: {exc}") from None
+        if not isinstance(config, dict):
+            raise OciError(f"registry credentials {docker_config}: not a JSON object")
+        basic = basic_credentials(config, ref.registry)
+    return Client(ref, "http" if plain_http else "https", basic)
 
 
 def push_results(
@@ -303,27 +396,12 @@ def push_results(
     `docker_config` is the path of a ``.dockerconfigjson`` (optional).
     """
     ref = parse_reference(reference)
-    if plain_http and ref.host not in LOOPBACK:
-        raise OciError(f"plain HTTP is allowed only to a loopback registry, not {ref.registry}")
     if subject is not None and not DIGEST.match(subject):
         raise OciError(f"subject must be a sha256 digest: {subject!r}")
-    basic = None
-    if docker_config is not None:
-        try:
-            with open(docker_config, "rb") as fh:
-                config = json.loads(fh.read())
-        except (OSError, ValueError) as exc:
-            raise OciError(f"registry credentials {docker_config}: {exc}") from None
-        if not isinstance(config, dict):
-            raise OciError(f"registry credentials {docker_config}: not a JSON object")
-        basic = basic_credentials(config, ref.registry)
-    client = _Client(ref, "http" if plain_http else "https", basic)
-    described = _subject(client, subject) if subject is not None else None
+    client = open_client(ref, docker_config=docker_config, plain_http=plain_http)
+    described = describe_manifest(client, subject) if subject is not None else None
     for blob in (EMPTY_CONFIG, results, provenance):
-        _push_blob(client, blob)
+        push_blob(client, blob)
     manifest = build_manifest(results, provenance, described)
-    url = client.url(f"/v2/{ref.repository}/manifests/{ref.tag}")
-    status, _h, body = client.request("PUT", url, manifest, {"Content-Type": MANIFEST_TYPE})
-    if status != 201:
-        raise OciError(f"putting the manifest {ref.tag}: HTTP {status} {_brief(body)}")
-    return f"{ref.registry}/{ref.repository}@{_digest(manifest)}"
+    digest = put_manifest(client, ref.tag, manifest, MANIFEST_TYPE)
+    return f"{ref.registry}/{ref.repository}@{digest}"

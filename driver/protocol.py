@@ -48,6 +48,8 @@ from typing import Any, Literal, NamedTuple
 from driver.argv import redact_argv, redact_json, redact_text
 from driver.boundedjson import JsonLimits, UntrustedJsonError, parse_untrusted_json
 from driver.contract import (
+    ATTEST_MODULE,
+    ATTESTATION_PREDICATE_TYPE,
     CMD_DECODE,
     CMD_FETCH_S3,
     CMD_RELEASE,
@@ -76,6 +78,7 @@ from driver.contract import (
     SHARD_MODULE,
     SHARDS_RECORD,
     RunArgs,
+    attest_argv,
     driver_command,
     fetch_s3_argv,
     option_flag,
@@ -107,6 +110,9 @@ from driver.payloads import (
 )
 
 __all__ = [
+    "ATTESTATION_OUTPUT_LIMITS",
+    "ATTESTATION_PREDICATE_TYPE",
+    "ATTEST_MODULE",
     "BINARY",
     "CMD_DECODE",
     "CMD_FETCH_S3",
@@ -184,6 +190,7 @@ __all__ = [
     "StartedFields",
     "TaskItems",
     "TaskSourceFields",
+    "attest_argv",
     "bounded_argv",
     "decode_item_scores",
     "driver_command",
@@ -199,6 +206,7 @@ __all__ = [
     "marker_event",
     "neutralize",
     "option_flag",
+    "parse_attestation_output",
     "parse_results_json",
     "read_complete_fields",
     "read_fields",
@@ -545,3 +553,34 @@ def signal_text(signum: int) -> str:
     """``9`` -> ``"signal 9 (SIGKILL)"``; an unknown number is only ``"signal N"``."""
     name = signal_name(signum)
     return name if name == f"signal {signum}" else f"signal {signum} ({name})"
+
+
+# The signing pod's one line (`attest_argv`): a DSSE envelope of a few KB.
+ATTESTATION_OUTPUT_LIMITS = JsonLimits(max_bytes=1 << 20, max_depth=8, max_elements=1000)
+
+
+def parse_attestation_output(raw: bytes) -> tuple[dict[str, Any], str | None]:
+    """The envelope and the pushed manifest's digest from the signing pod's last
+    log line, checked in shape; ValueError saying what is wrong."""
+    lines = [line for line in raw.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("the signing pod printed nothing")
+    try:
+        found = parse_untrusted_json(lines[-1], ATTESTATION_OUTPUT_LIMITS)
+    except UntrustedJsonError as error:
+        raise ValueError(f"the signing pod's output is not its JSON line: {error}") from None
+    if not isinstance(found, dict):
+        raise ValueError("the signing pod's output is not a JSON object")
+    envelope, pushed = found.get("envelope"), found.get("pushed")
+    if (
+        not isinstance(envelope, dict)
+        or not isinstance(envelope.get("payload"), str)
+        or not isinstance(envelope.get("payloadType"), str)
+        or not isinstance(envelope.get("signatures"), list)
+    ):
+        raise ValueError("the signing pod's output has no DSSE envelope")
+    if pushed is not None and not (
+        isinstance(pushed, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", pushed)
+    ):
+        raise ValueError("the signing pod's pushed digest is not sha256:<hex>")
+    return envelope, pushed

@@ -23,6 +23,7 @@
 #   ~/.cache/lmeval-poller/prometheus-<hash>               Prometheus and promtool (tests/run.sh)
 #   ~/.cache/lmeval-poller/helm-<hash>                     Helm (lints and renders deploy/helm) (tests)
 #   ~/.cache/lmeval-poller/krew-<hash>                     krew (installs the release's kubectl plugin) (tests)
+#   ~/.cache/lmeval-poller/cosign-<hash>                   cosign (verifies the suites' signed verdicts) (tests)
 #   ~/.cache/lmeval-poller/images-<hash>                   our images (OCI archives),
 #                                                          built when the real node needs them
 # and one thing lives in the clone (git-ignored): .venv, this clone's own thin
@@ -34,7 +35,7 @@
 # LMEVAL_CACHE moves the cache; LMEVAL_SANDBOX_BIN points at ready control-plane
 # binaries; LMEVAL_PROMETHEUS_BIN at ready Prometheus binaries; LMEVAL_KUEUE_BIN
 # at a ready Kueue; LMEVAL_HELM_BIN at a directory holding a ready helm;
-# LMEVAL_KREW_BIN at one holding a ready krew.
+# LMEVAL_KREW_BIN at one holding a ready krew; LMEVAL_COSIGN_BIN at one holding a ready cosign.
 # Afterwards LMEVAL_VENV is this clone's environment: its bin/python imports
 # this clone's code and the shared dependencies.
 set -euo pipefail
@@ -335,6 +336,14 @@ if [ "$_setup_profile" = tests ]; then
         detail=cached
     fi
     _setup_step "krew" "$detail" python -m lmeval_sandbox.krew || { return 1 2>/dev/null || exit 1; }
+
+    if python -c 'import sys; from lmeval_sandbox import cosign; sys.exit(not cosign.needs_build())'; then
+        detail=built
+        echo "… cosign: building from its Go module (about 2 minutes)"
+    else
+        detail=cached
+    fi
+    _setup_step "cosign" "$detail" python -m lmeval_sandbox.cosign || { return 1 2>/dev/null || exit 1; }
 
     if [ "$(id -u)" -eq 0 ]; then
         _setup_step "real node's Debian packages" "" bash deploy/sandbox/node-packages.sh \

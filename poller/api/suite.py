@@ -25,9 +25,10 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from poller.api import rules
-from poller.api.base import DNS_SUBDOMAIN, TASK_NAME, SecretKeyRef, _Model
+from poller.api.base import DATA_KEY, DNS_SUBDOMAIN, TASK_NAME, SecretKeyRef, _Model
 from poller.api.gate import DEFAULT_GATE_METRIC, GATE_METRIC
 from poller.api.lmevaljob import LMEvalJobSpec
+from poller.api.sources import OCI_LOOPBACK
 from poller.api.status import Condition
 
 __all__ = [
@@ -229,11 +230,30 @@ class AttestationPush(_Model):
         description="A Secret of type kubernetes.io/dockerconfigjson with the registry's "
         "credentials, as spec.outputs.oci.credentialsSecret.",
     )
-    plain_http: bool = Field(
-        default=False,
-        description="Talk plain HTTP to the registry (only for a registry on the node or in "
-        "a test); default false.",
+    plain_http: bool | None = Field(
+        default=None,
+        alias="plainHTTP",
+        description="Talk plain HTTP instead of HTTPS (default false): only for a loopback "
+        "registry (127.0.0.1 or localhost), as spec.outputs.oci.plainHTTP.",
     )
+
+
+def _push_plain_http_problem(push: AttestationPush) -> str | None:
+    host = push.reference.split("/", 1)[0].rsplit(":", 1)[0]
+    if push.plain_http and host not in OCI_LOOPBACK:
+        return "plainHTTP is allowed only for a loopback registry (127.0.0.1 or localhost)"
+    return None
+
+
+AttestationPushSpec = Annotated[
+    AttestationPush,
+    rules.Cel(
+        rule="!has(self.plainHTTP) || !self.plainHTTP || "
+        "self.reference.matches('^(127\\\\.0\\\\.0\\\\.1|localhost)(:[0-9]+)?/')",
+        message="plainHTTP is allowed only for a loopback registry (127.0.0.1 or localhost)",
+        problem=_push_plain_http_problem,
+    ),
+]
 
 
 class Attestation(_Model):
@@ -244,7 +264,13 @@ class Attestation(_Model):
         "private key). It is mounted only into the short-lived signing pod, never read by "
         "the poller; the admission policy refuses a suite whose author may not get it."
     )
-    push: AttestationPush | None = Field(
+    password_key: Annotated[str, Field(pattern=DATA_KEY, max_length=253)] | None = Field(
+        default=None,
+        description="The key, in signingKey's Secret, of the signing key's password: "
+        "cosign's own key format (`cosign generate-key-pair`: cosign.key, with "
+        "COSIGN_PASSWORD here) or an encrypted PKCS#8 key; unset for a key without one.",
+    )
+    push: AttestationPushSpec | None = Field(
         default=None, description="Also push the attestation to the model's registry."
     )
 
@@ -369,11 +395,19 @@ class CriterionStatus(_Model):
 class AttestationStatus(_Model):
     """Where a run's signed verdict is."""
 
+    state: str = Field(
+        description="Signing (the signing pod runs), Signed, or Failed (message says why)."
+    )
     config_map: str | None = Field(
         default=None, description="The ConfigMap holding the DSSE envelope (envelope.json)."
     )
     payload_digest: str | None = Field(
         default=None, description="sha256 of the signed statement, as sha256:<hex>."
+    )
+    subject: str | None = Field(
+        default=None,
+        description="What the statement is about: the model artifact "
+        "(registry/repository@sha256:...), else the InferenceService revision or the run.",
     )
     pushed: str | None = Field(
         default=None, description="The attestation manifest's digest in the registry."
@@ -436,6 +470,11 @@ class LMEvalSuiteStatus(_Model):
     )
     last_run_request: str | None = Field(
         default=None, description=f"The last value of {RUN_REQUESTED_ANNOTATION} acted on."
+    )
+    runs_started: int | None = Field(
+        default=None,
+        description="How many triggers were handled: part of each run's name, so that a "
+        "trigger seen again (a model rolled back) gets a run of its own.",
     )
     last_verdict: str | None = Field(
         default=None, description="The latest recorded verdict (the Verdict column)."

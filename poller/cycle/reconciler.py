@@ -145,7 +145,9 @@ class Reconciler:
         self.sweep_in_cycle = sweep_in_cycle
         self.observer = Observer(kube, self.reads, namespaces, self.retained)
         self.actuator = Actuator(kube, self.reads, self.writes, self.pod_proof)
-        self.suites = SuiteLoop(kube, self.observer, self.pod_proof, namespaces)
+        self.suites = SuiteLoop(
+            kube, self.observer, self.pod_proof, namespaces, lambda: self.settings
+        )
         self.settings_namespace = settings_namespace
         self.clock = clock
         self.tracker = tracker or SettingsTracker()

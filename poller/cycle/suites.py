@@ -26,10 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poller import api
+from poller.api.settings import Settings
 from poller.cycle.observe import Observer
 from poller.cycle.podproof import PROOF_ANNOTATION, PodProof
+from poller.decisions import attestation
 from poller.decisions import suites as decisions
+from poller.decisions.attestation import SignerView
 from poller.decisions.suites import ModelRevision, RunJob, SuiteObserved, SuiteView
+from poller.jobpod import signer
 from poller.kube.client import Kube
 from poller.kube.errors import ApiError
 
@@ -40,6 +44,9 @@ log = logging.getLogger(__name__)
 # The attempt number signed into a run's proof (a pod's proof counts attempts;
 # a run has one).
 RUN_PROOF_ATTEMPT = 1
+# What is read of a signing pod's log: its one line is a DSSE envelope of a few KB.
+SIGNER_LOG_LINES = 20
+SIGNER_LOG_BYTES = 1 << 20
 
 
 @dataclass
@@ -64,10 +71,13 @@ class SuiteLoop:
         observer: Observer,
         proof: Callable[[], PodProof],
         namespaces: Sequence[str] = (),
+        settings: Callable[[], Settings] = Settings,
     ) -> None:
         self.kube = kube
         self.observer = observer
         self.proof = proof
+        # The signing pod's image and account are the job pod's (the last good settings).
+        self.settings = settings
         # Empty: every namespace (one LIST each); else only these (the jobs' rule).
         self.namespaces = tuple(namespaces)
 
@@ -127,9 +137,41 @@ class SuiteLoop:
             pinned = RunJob.from_object(found) if found is not None else None
         if spec is not None and spec.triggers.model_change is not None:
             model = self._model(suite.namespace, spec.triggers.model_change)
+        signers = {
+            run.name: self._signer(suite, run.name)
+            for run in suite.status.runs
+            if run.attestation is not None and run.attestation.state == attestation.SIGNING
+        }
         return SuiteObserved(
-            suite, runs=runs_by_suite.get(suite.uid, {}), pinned=pinned, model=model
+            suite,
+            runs=runs_by_suite.get(suite.uid, {}),
+            pinned=pinned,
+            model=model,
+            signers=signers,
         )
+
+    def _signer(self, suite: SuiteView, run_name: str) -> SignerView:
+        """A run's signing pod: its phase, and on success its log's last lines.
+        A pod under the name without the poller's proof is not the signer (it is
+        never read or deleted); the suite waits for the name to be free."""
+        name = signer.signer_name(run_name)
+        found = self.kube.find_pod(suite.namespace, name)
+        if found is None:
+            return SignerView("")
+        meta = found.get("metadata") or {}
+        value = (meta.get("annotations") or {}).get(PROOF_ANNOTATION)
+        if self.proof().verify(value, suite.namespace, name, suite.uid) != RUN_PROOF_ATTEMPT:
+            return SignerView("Pending", f"pod {name} is not the poller's signing pod")
+        status = found.get("status") or {}
+        phase = str(status.get("phase") or "Pending")
+        if phase == "Failed":
+            return SignerView(phase, _termination_message(status))
+        if phase != "Succeeded":
+            return SignerView(phase)
+        tail = self.kube.read_log_tail(
+            suite.namespace, name, signer.SIGNER_CONTAINER, SIGNER_LOG_LINES, SIGNER_LOG_BYTES
+        )
+        return SignerView(phase, output=tail.data)
 
     def _model(self, namespace: str, trigger: api.ModelChangeTrigger) -> ModelRevision:
         name = trigger.inference_service.name
@@ -181,6 +223,7 @@ class SuiteLoop:
         for name in decision.delete:
             self.kube.delete_job(suite.namespace, name)
             report.runs_deleted += 1
+        self._sign(suite, decision)
         if decision.status is not None:
             status = dict(decision.status)
             # A merge patch keeps what it does not name: erase what the decision dropped.
@@ -216,6 +259,50 @@ class SuiteLoop:
                 "status": decision.status,
             }
         )
+
+    def _sign(self, suite: SuiteView, decision: decisions.SuiteDecision) -> None:
+        """The signing steps: start (statement, then pod), keep the envelope, and
+        delete the pod once read (its ConfigMaps go with the run)."""
+        spec = suite.spec
+        uids = {run.name: run.uid for run in suite.status.runs if run.uid}
+        for run_name, statement_json in decision.sign_start:
+            run_uid = uids.get(run_name)
+            if spec is None or spec.attestation is None or run_uid is None:
+                continue
+            self.kube.create_configmap(
+                signer.statement_configmap(
+                    suite.namespace, run_name, run_uid, suite.name, statement_json
+                )
+            )
+            pod = signer.signer_pod(
+                namespace=suite.namespace,
+                run_name=run_name,
+                run_uid=run_uid,
+                suite_name=suite.name,
+                attestation=spec.attestation,
+                template=spec.template,
+                settings=self.settings(),
+            )
+            self.kube.create_pod(self.proof().stamp(pod, suite.uid, RUN_PROOF_ATTEMPT))
+        for run_name, envelope_json in decision.sign_keep:
+            run_uid = uids.get(run_name)
+            if run_uid is not None:
+                self.kube.create_configmap(
+                    signer.attestation_configmap(
+                        suite.namespace, run_name, run_uid, suite.name, envelope_json
+                    )
+                )
+        for run_name in decision.sign_clean:
+            self.kube.delete_pod(suite.namespace, signer.signer_name(run_name))
+
+
+def _termination_message(status: dict[str, Any]) -> str:
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if terminated:
+            message = str(terminated.get("message") or terminated.get("reason") or "")
+            return f"{message.strip()} (exit code {terminated.get('exitCode')})"[:1024]
+    return str(status.get("message") or status.get("reason") or "")[:1024]
 
 
 def model_revision(inference_service: dict[str, Any]) -> str | None:

@@ -26,9 +26,10 @@ schedule's missed times run once (the latest), a time missed by more than
 startingDeadlineSeconds is skipped, concurrencyPolicy Forbid holds a
 trigger until the running run ends, Replace deletes it, Allow runs both;
 history limits keep the newest passing and failing runs (and never delete
-the current baseline). A new value of the run-requested annotation and a
-new model revision are triggers too; at most one run starts per suite and
-cycle (a request by hand first, then a model change, then the schedule).
+the current baseline, nor an active run's). A new value of the run-requested
+annotation and a new model revision are triggers too; at most one run starts
+per suite and cycle (a request by hand first, then a model change, then the
+schedule).
 
 Before a run starts, each Must criterion's power is checked when the
 template's limit bounds the document count: a run that could not detect
@@ -50,7 +51,8 @@ from apscheduler.triggers.cron import CronTrigger
 from pydantic import ValidationError
 
 from poller import api
-from poller.decisions import regression
+from poller.decisions import attestation, regression
+from poller.decisions.attestation import SignerView
 from poller.decisions.draft import set_condition
 from poller.decisions.regression import ItemsRead
 from poller.results import pairedstats, suiteverdict
@@ -182,6 +184,8 @@ class RunJob:
     message: str | None
     spec: Mapping[str, Any]
     trigger: Mapping[str, Any] = field(default_factory=dict)
+    # status.provenance as the poller recorded it (bounded by the job's schema).
+    provenance: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> RunJob:
@@ -205,6 +209,7 @@ class RunJob:
             message=_text(status.get("message")),
             spec=spec or {},
             trigger=trigger,
+            provenance=_mapping(status.get("provenance")),
         )
 
     @property
@@ -244,6 +249,8 @@ class SuiteObserved:
     model: ModelRevision | None = None
     # Per-item scores read for `needs_items`, by job UID.
     items: Mapping[str, ItemsRead] = field(default_factory=dict)
+    # The signing pods of runs whose attestation is Signing, by run name.
+    signers: Mapping[str, SignerView] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -264,6 +271,11 @@ class SuiteDecision:
     create: tuple[dict[str, Any], ...] = ()
     delete: tuple[str, ...] = ()
     events: tuple[tuple[str, str, str], ...] = ()
+    # Signing (spec.attestation), by run name: statements to sign (their
+    # ConfigMap, then the signing pod), envelopes to keep, signing pods to delete.
+    sign_start: tuple[tuple[str, str], ...] = ()
+    sign_keep: tuple[tuple[str, str], ...] = ()
+    sign_clean: tuple[str, ...] = ()
 
 
 # -- pure helpers ----------------------------------------------------------------
@@ -282,23 +294,73 @@ def _differing(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 def run_name(suite: SuiteView, trigger: Trigger) -> str:
     """The run's deterministic name: a crash between creating it and recording it
-    finds the same name (and adopts the run by its proof) instead of making two."""
-    digest = hashlib.sha256(f"{suite.uid}/{trigger.key}".encode()).hexdigest()[:8]
+    finds the same name (and adopts the run by its proof) instead of making two.
+    The count of triggers handled (status.runsStarted) is in it, so that a trigger
+    seen again later (a model rolled back, a request token reused) gets a new run."""
+    key = f"{suite.uid}/{trigger.key}/{suite.status.runs_started or 0}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     return f"{suite.name}-{digest}"
 
 
 def _cron(schedule: api.Schedule) -> CronTrigger:
-    expression = _MACROS.get(schedule.cron, schedule.cron)
-    return CronTrigger.from_crontab(expression, timezone=zoneinfo.ZoneInfo(schedule.time_zone))
+    fields = _MACROS.get(schedule.cron, schedule.cron).split()
+    if len(fields) != 5:
+        raise ValueError(f"expected 5 fields, not {len(fields)}")
+    minute, hour, day, month, weekday = fields
+    return CronTrigger(
+        minute=minute,
+        hour=hour,
+        day=day,
+        month=month,
+        day_of_week=_weekdays(weekday),
+        timezone=zoneinfo.ZoneInfo(schedule.time_zone),
+    )
+
+
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _weekdays(text: str) -> str:
+    """Cron's day-of-week field in APScheduler's numbering: cron (and a CronJob)
+    counts 0 as Sunday, APScheduler 3 counts 0 as Monday (its from_crontab does
+    not convert), so "0 0 * * 0" (@weekly) would run on Mondays; and a range of
+    names from Sunday ("sun-tue") is one APScheduler refuses. So the field is
+    expanded to APScheduler's day numbers."""
+    if text == "*":
+        return text
+    days: set[int] = set()
+    for part in text.lower().split(","):
+        base, slash, step_text = part.partition("/")
+        if slash and not (step_text.isdigit() and int(step_text) > 0):
+            raise ValueError(f"day of week {part!r}: the step must be a whole number above 0")
+        low, dash, high = base.partition("-")
+        first, last = (0, 6) if base == "*" else (_day(low), _day(high) if dash else None)
+        last = last if last is not None else 6 if slash else first
+        if first > last:
+            raise ValueError(f"day of week {part!r}: the range ends before it starts")
+        days.update(range(first, last + 1, int(step_text) if slash else 1))
+    return ",".join(str(n) for n in sorted((day - 1) % 7 for day in days))
+
+
+def _day(text: str) -> int:
+    if text.isdigit() and int(text) <= 6:
+        return int(text)
+    if text in _DAYS:
+        return _DAYS.index(text)
+    raise ValueError(f"{text!r} is not a day of the week (0 to 6 from Sunday, or sun to sat)")
 
 
 def schedule_problem(schedule: api.Schedule) -> str | None:
     """Why the schedule cannot be read (APScheduler's parser and the zone database
     are the exact checks the CRD's pattern only approximates), or None."""
     try:
-        _cron(schedule)
-    except zoneinfo.ZoneInfoNotFoundError:
+        zoneinfo.ZoneInfo(schedule.time_zone)
+    except (ValueError, KeyError, OSError):
+        # Not found (a KeyError), not a normalized key ("/UTC": ValueError), or a
+        # folder of the database ("America": IsADirectoryError).
         return f"spec.triggers.schedule.timeZone: unknown time zone {schedule.time_zone!r}"
+    try:
+        _cron(schedule)
     except (ValueError, KeyError) as error:
         return f"spec.triggers.schedule.cron: {schedule.cron!r} is not a valid schedule: {error}"
     return None
@@ -329,9 +391,24 @@ def due_schedule(
     return latest, note
 
 
-def _past_deadline(schedule: api.Schedule, time: dt.datetime, now: dt.datetime) -> bool:
-    deadline = schedule.starting_deadline_seconds
-    return deadline is not None and (now - time).total_seconds() > deadline
+def _held_past_deadline(
+    observed: SuiteObserved, since: dt.datetime, now: dt.datetime
+) -> dt.datetime | None:
+    """The latest scheduled time that was still due at `since` (when the active run
+    started: Forbid held it) and is now missed by more than startingDeadlineSeconds,
+    or None. `due_schedule` no longer sees such a time, so without this it would
+    stay unrecorded, as if still to come."""
+    suite, spec = observed.suite, observed.suite.spec
+    schedule = spec.triggers.schedule if spec is not None else None
+    if schedule is None or schedule.starting_deadline_seconds is None:
+        return None
+    deadline = dt.timedelta(seconds=schedule.starting_deadline_seconds)
+    created = parse_time(suite.creation_timestamp) or now
+    # Only times after since - deadline were still due at `since`.
+    start = max(parse_time(suite.status.last_schedule_time) or created, since - deadline)
+    unbounded = schedule.model_copy(update={"starting_deadline_seconds": None})
+    time, _ = due_schedule(unbounded, start, created, now - deadline)
+    return time
 
 
 def _criterion(spec: api.Criterion) -> suiteverdict.Criterion:
@@ -443,12 +520,15 @@ def _next_trigger(observed: SuiteObserved, now: dt.datetime) -> tuple[Trigger | 
 
 
 def _handled(status: dict[str, Any], trigger: Trigger) -> None:
+    status["runsStarted"] = int(status.get("runsStarted") or 0) + 1
     if trigger.kind == MANUAL:
         status["lastRunRequest"] = trigger.request
     elif trigger.kind == MODEL_CHANGE:
         status["lastModelRevision"] = trigger.revision
     elif trigger.scheduled_time is not None:
-        status["lastScheduleTime"] = format_time(trigger.scheduled_time)
+        recorded = parse_time(status.get("lastScheduleTime"))
+        if recorded is None or recorded < trigger.scheduled_time:  # never back in time
+            status["lastScheduleTime"] = format_time(trigger.scheduled_time)
 
 
 def _run_manifest(suite: SuiteView, name: str, trigger: Trigger) -> dict[str, Any]:
@@ -499,8 +579,10 @@ def needs_items(observed: SuiteObserved) -> tuple[tuple[str, str], ...]:
     wanted: dict[str, str] = {}
     for run in observed.suite.status.runs:
         job = observed.runs.get(run.name)
-        if run.state != ACTIVE or job is None or not job.succeeded or job.uid != run.uid:
+        if run.state != ACTIVE or job is None or not job.succeeded:
             continue
+        if run.uid is not None and job.uid != run.uid:
+            continue  # another object under the run's name (`_progress_run`: RunMissing)
         pair = _run_baseline_pair(observed, run)
         if pair is not None:
             wanted[job.uid] = job.name
@@ -675,6 +757,9 @@ def needs_baseline_items(observed: SuiteObserved, now: dt.datetime) -> tuple[str
     spec = observed.suite.spec
     if spec is None or spec.suspend or _whole_limit(observed.suite.template) is None:
         return None
+    schedule = spec.triggers.schedule
+    if schedule is not None and schedule_problem(schedule) is not None:
+        return None  # no run starts: decide_suite reports the schedule instead
     trigger, _ = _next_trigger(observed, now)
     if trigger is None:
         return None
@@ -721,24 +806,27 @@ def decide_suite(observed: SuiteObserved, now: dt.datetime) -> SuiteDecision:
         _progress_run(observed, run, stamp, events) if run.state == ACTIVE else run
         for run in old.runs
     ]
-    runs.extend(_adopted(observed, runs, stamp))
+    adopted = _adopted(observed, runs, stamp)
+    runs.extend(adopted)
     create: list[dict[str, Any]] = []
     delete: list[str] = []
     trigger, notes = _next_trigger(observed, now)
+    if trigger is not None and run_name(suite, trigger) in {run.name for run in adopted}:
+        # The trigger's run was made before a crash lost the status write: adopted
+        # above, so the trigger is handled (another run would take its name again).
+        _handled(status, trigger)
+        trigger = None
     message: str | None = "; ".join(notes) if notes else None
     if spec.suspend:
         trigger, message = None, "suspended: no new runs (spec.suspend)"
+    active = [run for run in runs if run.state == ACTIVE]
+    forbid = bool(active) and spec.concurrency_policy == api.ConcurrencyPolicy.FORBID
+    since = min((parse_time(run.started) or now for run in active), default=now)
+    if forbid and not spec.suspend and (held := _held_past_deadline(observed, since, now)):
+        # Forbid held it past its deadline: missed for good, as a CronJob skips it.
+        _handled(status, Trigger(SCHEDULE, f"schedule/{format_time(held)}", scheduled_time=held))
     if trigger is not None:
-        active = [run for run in runs if run.state == ACTIVE]
-        schedule = spec.triggers.schedule
-        if active and spec.concurrency_policy == api.ConcurrencyPolicy.FORBID:
-            if (
-                trigger.kind == SCHEDULE
-                and schedule is not None
-                and trigger.scheduled_time is not None
-                and _past_deadline(schedule, trigger.scheduled_time, now)
-            ):
-                _handled(status, trigger)  # missed for good: a CronJob skips it too
+        if forbid:
             message = f"{trigger.kind} run waits: {active[-1].name} is running (Forbid)"
         else:
             if active and spec.concurrency_policy == api.ConcurrencyPolicy.REPLACE:
@@ -766,6 +854,9 @@ def decide_suite(observed: SuiteObserved, now: dt.datetime) -> SuiteDecision:
                 events.append(("Warning", "RunInconclusive", entry.message or ""))
             _handled(status, trigger)
             message = None
+    signing = _Signing()
+    if spec.attestation is not None:
+        runs = [_attest(observed, run, signing) for run in runs]
     runs, pruned = _prune(observed, runs)
     delete.extend(pruned)
     status["runs"] = [run.model_dump(by_alias=True, exclude_none=True, mode="json") for run in runs]
@@ -781,7 +872,56 @@ def decide_suite(observed: SuiteObserved, now: dt.datetime) -> SuiteDecision:
         # The Verdict column: a run that failed has none, and says so.
         status["lastVerdict"] = latest.verdict or FAILED
     conditions = _verdict_conditions(conditions, latest, runs, stamp, suite.generation)
-    return _finish(suite, status, conditions, create, delete, events)
+    decision = _finish(suite, status, conditions, create, delete, events)
+    return replace(
+        decision,
+        sign_start=tuple(signing.start),
+        sign_keep=tuple(signing.keep),
+        sign_clean=tuple(signing.clean),
+    )
+
+
+@dataclass
+class _Signing:
+    """The signing steps one decision asks for (`SuiteDecision.sign_*`)."""
+
+    start: list[tuple[str, str]] = field(default_factory=list)
+    keep: list[tuple[str, str]] = field(default_factory=list)
+    clean: list[str] = field(default_factory=list)
+
+
+def _attest(observed: SuiteObserved, run: api.RunStatus, signing: _Signing) -> api.RunStatus:
+    """`run` with its attestation's next step (spec.attestation): a run with a
+    verdict and a job (an Underpowered run before any pod has none) is signed once."""
+    suite, spec = observed.suite, observed.suite.spec
+    assert spec is not None
+    state = run.attestation.state if run.attestation is not None else None
+    if run.state != FINISHED or run.verdict is None or run.uid is None:
+        return run
+    if state not in (None, attestation.SIGNING):
+        return run
+    jobs = {name: job.provenance for name, job in observed.runs.items()}
+    if observed.pinned is not None:
+        jobs[observed.pinned.name] = observed.pinned.provenance
+    provenance = {name: jobs.get(name, {}) for name in (run.name, run.baseline) if name}
+    statement = attestation.statement(
+        spec=spec,
+        namespace=suite.namespace,
+        suite_name=suite.name,
+        suite_uid=suite.uid,
+        generation=suite.generation,
+        run=run,
+        provenance=provenance,
+    )
+    text = json.dumps(statement, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    step = attestation.next_step(run, observed.signers.get(run.name), text)
+    if step.start is not None:
+        signing.start.append((run.name, step.start))
+    if step.keep is not None:
+        signing.keep.append((run.name, step.keep))
+    if step.clean:
+        signing.clean.append(run.name)
+    return run if step.status is None else run.model_copy(update={"attestation": step.status})
 
 
 def _verdict_conditions(
@@ -836,7 +976,12 @@ def _finish(
     status["conditions"] = [
         c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions
     ]
-    before = api.LMEvalSuiteStatus.model_validate(suite.raw_status) if suite.raw_status else None
+    try:
+        before = (
+            api.LMEvalSuiteStatus.model_validate(suite.raw_status) if suite.raw_status else None
+        )
+    except ValidationError:
+        before = None  # unreadable (`SuiteView.from_object` started it again): rewritten
     changed = before is None or before.model_dump(
         by_alias=True, exclude_none=True, mode="json"
     ) != api.LMEvalSuiteStatus.model_validate(status).model_dump(
@@ -922,11 +1067,13 @@ def _adopted(
 def _prune(
     observed: SuiteObserved, runs: list[api.RunStatus]
 ) -> tuple[list[api.RunStatus], list[str]]:
-    """The runs kept by the history limits (the current baseline always), and the
-    LMEvalJobs of the others to delete."""
+    """The runs kept by the history limits (always the current baseline and the
+    baselines of active runs), and the LMEvalJobs of the others to delete."""
     spec = observed.suite.spec
     assert spec is not None
     baseline = _choose_baseline(observed, runs).name
+    # The baselines of active runs too: their verdicts still need them.
+    kept_baselines = {baseline} | {r.baseline for r in runs if r.state == ACTIVE}
     passing = [r for r in runs if r.state != ACTIVE and r.verdict == suiteverdict.PASSED]
     failing = [r for r in runs if r.state != ACTIVE and r.verdict != suiteverdict.PASSED]
     dropped = {
@@ -936,11 +1083,11 @@ def _prune(
             (failing, spec.failing_runs_history_limit),
         )
         for r in group[: max(0, len(group) - limit)]
-        if r.name != baseline
+        if r.name not in kept_baselines
     }
     kept = [r for r in runs if r.name not in dropped]
     while len(kept) > api.MAX_RUNS_KEPT:  # a bound on the status, whatever the limits say
-        oldest = next((r for r in kept if r.state != ACTIVE and r.name != baseline), None)
+        oldest = next((r for r in kept if r.state != ACTIVE and r.name not in kept_baselines), None)
         if oldest is None:
             break  # only active runs (and the baseline): the schema's bound refuses more
         dropped.add(oldest.name)

@@ -10,5 +10,6 @@ held to the API's patterns first.
 * ``modeltls``: TLS to the model endpoint (``spec.modelTLS``);
 * ``gittasks``: task files from Git: the init containers that clone them;
 * ``offline``: models and datasets from storage (``spec.offline``);
-* ``ocioutput``: results pushed to an OCI registry (``spec.outputs.oci``).
+* ``ocioutput``: results pushed to an OCI registry (``spec.outputs.oci``);
+* ``signer``: the pod that signs a suite's verdict (an LMEvalSuite's ``spec.attestation``).
 """

@@ -43,16 +43,20 @@ __all__ = [
     "LABEL_MANAGED_BY",
     "MAIN_CONTAINER",
     "MANAGED_BY",
+    "POD_TMP",
     "JobPodError",
     "build_pod",
     "driver_command",
+    "driver_init_container",
     "kubelet_literal",
     "kubelet_literal_container",
     "lm_eval_argv",
     "managed_claim",
     "outputs_location",
+    "placement",
     "pod_name",
     "resources_for",
+    "restricted_container_context",
     "shard_count",
     "shard_pod_name",
     "shard_root",
@@ -166,7 +170,7 @@ def kubelet_literal_container(container: dict[str, Any]) -> dict[str, Any]:
     return escaped
 
 
-def _security_context() -> dict[str, Any]:
+def restricted_container_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
@@ -277,7 +281,7 @@ def _sidecars(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
         container = sidecar.model_dump(by_alias=True, exclude_none=True)
         # Whatever the job asked for, a sidecar runs under the same restricted
         # profile as the evaluation, with a writable /tmp of its own only.
-        container["securityContext"] = _security_context()
+        container["securityContext"] = restricted_container_context()
         container["volumeMounts"] = [{"name": f"{sidecar.name}-tmp", "mountPath": POD_TMP}]
         containers.append(container)
     return containers
@@ -332,7 +336,7 @@ def build_pod(
         volumes.append({"name": f"{sidecar.name}-tmp", "emptyDir": {}})
     if init_containers:
         pod_spec["initContainers"] = [kubelet_literal_container(c) for c in init_containers]
-    pod_spec.update(_placement(spec))
+    pod_spec.update(placement(spec))
     if shard_count(spec) > 1:
         _colocate(pod_spec, uid)
     metadata = _pod_metadata(name, namespace, uid, spec)
@@ -362,10 +366,15 @@ def _init_containers(
     if settings.driver_image:
         volumes.append({"name": "driver", "emptyDir": {}})
         mounts.append({"name": "driver", "mountPath": DRIVER_MOUNT, "readOnly": True})
-        init_containers.append(_driver_init_container(settings))
+        init_containers.append(driver_init_container(settings))
     try:
         init_containers += gittasks.init_containers(
-            spec, settings, _security_context(), run_as_user is not None, "tmp", CUSTOM_TASKS_ROOT
+            spec,
+            settings,
+            restricted_container_context(),
+            run_as_user is not None,
+            "tmp",
+            CUSTOM_TASKS_ROOT,
         )
     except gittasks.GitPodError as error:
         raise JobPodError(str(error)) from None
@@ -405,7 +414,7 @@ def _child_argv(
     return protocol.shard_run_argv(shard, count, shard_root(name), args)
 
 
-def _placement(spec: api.LMEvalJobSpec) -> dict[str, Any]:
+def placement(spec: api.LMEvalJobSpec) -> dict[str, Any]:
     """Where the pod may run, as spec.pod asks: node selector, affinity,
     priority class, tolerations (only the ones it sets)."""
     pod = spec.pod
@@ -467,14 +476,14 @@ def _job_volumes(
     return volumes, mounts
 
 
-def _driver_init_container(settings: Settings) -> dict[str, Any]:
+def driver_init_container(settings: Settings) -> dict[str, Any]:
     """Copies the driver from the driver image into the pod (setting driver-image)."""
     return {
         "name": "install-driver",
         "image": settings.driver_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["cp", "-R", DRIVER_IMAGE_SOURCE, f"{DRIVER_MOUNT}/"],
-        "securityContext": _security_context(),
+        "securityContext": restricted_container_context(),
         "volumeMounts": [{"name": "driver", "mountPath": DRIVER_MOUNT}],
         "resources": {
             "requests": {"cpu": "10m", "memory": "16Mi"},
@@ -490,7 +499,7 @@ def _with_profile(container: dict[str, Any], settings: Settings) -> dict[str, An
         **container,
         "image": settings.pod_image,
         "imagePullPolicy": settings.image_pull_policy,
-        "securityContext": _security_context(),
+        "securityContext": restricted_container_context(),
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "512Mi"},
@@ -544,7 +553,7 @@ def _main_container(
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
         "env": _env(spec, settings, bool(settings.driver_image)) + modeltls.tls_env(spec),
-        "securityContext": _security_context(),
+        "securityContext": restricted_container_context(),
         "volumeMounts": mounts,
         "workingDir": POD_TMP,
         "terminationMessagePolicy": "FallbackToLogsOnError",

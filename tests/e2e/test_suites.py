@@ -383,8 +383,8 @@ def test_a_schedule_follows_a_cronjobs_rules(
     cycle()
     clock.now = held + dt.timedelta(seconds=45)
     cycle()
-    # As a CronJob: the skipped time is never recorded as run.
-    assert _suite(jobs, "nightly")["status"]["lastScheduleTime"] == third["scheduledTime"]
+    # Held by Forbid past its deadline: recorded as handled, never run.
+    assert _suite(jobs, "nightly")["status"]["lastScheduleTime"] == api_time(held)
     _cancel(jobs, third["name"])
     cycle_until(
         poller,

@@ -483,8 +483,11 @@ def _columns(width: int) -> Iterator[None]:
             os.environ["COLUMNS"] = before
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, list[str], str, Any]]:
-    """(name, aliases, help, parser) of each command, in the parser's own order."""
+def _subcommands(
+    parser: argparse.ArgumentParser, prefix: str = ""
+) -> list[tuple[str, list[str], str, Any]]:
+    """(name, aliases, help, parser) of each command, in the parser's own order; a
+    command's own commands (``suite list``) follow it, named with its name."""
     out: list[tuple[str, list[str], str, Any]] = []
     for action in parser._actions:  # argparse has no public walk of its parsers
         if not isinstance(action, argparse._SubParsersAction):
@@ -493,10 +496,11 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, list[str], 
         seen: dict[int, tuple[str, list[str], str, Any]] = {}
         for name, sub in action.choices.items():
             if id(sub) in seen:
-                seen[id(sub)][1].append(name)
+                seen[id(sub)][1].append(prefix + name)
             else:
-                seen[id(sub)] = (name, [], helps.get(name, ""), sub)
+                seen[id(sub)] = (prefix + name, [], helps.get(name, ""), sub)
                 out.append(seen[id(sub)])
+                out += _subcommands(sub, f"{prefix}{name} ")
     return out
 
 
@@ -908,7 +912,9 @@ def _operator_modules(package: Path) -> list[tuple[str, Path]]:
 # Modules whose "state", "reason" and "message" are an LMEvalSuite's run records,
 # not an LMEvalJob's status: the reasons page is the jobs' (the suite's reasons
 # are in deploy/samples/suites.md).
-_OTHER_KINDS = frozenset({"poller.decisions.suites", "poller.cycle.suites"})
+_OTHER_KINDS = frozenset(
+    {"poller.decisions.suites", "poller.decisions.attestation", "poller.cycle.suites"}
+)
 
 
 class _Source:
