@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from poller import api
@@ -127,28 +127,43 @@ class SuiteLoop:
         return out
 
     def _observe(
-        self, suite: SuiteView, runs_by_suite: dict[str, dict[str, RunJob]]
+        self, suite: SuiteView, runs_by_suite: dict[str, dict[str, RunJob]], now: dt.datetime
     ) -> SuiteObserved:
+        """What the suite's decision reads. Runs are listed as metadata only; the
+        runs whose state the decision needs (active ones, ones it may adopt, ones
+        being signed and their baselines) are read whole, by name; the pinned
+        baseline only when a run is going or may start."""
         spec = suite.spec
-        pinned: RunJob | None = None
+        runs = dict(runs_by_suite.get(suite.uid, {}))
         model: ModelRevision | None = None
-        if spec is not None and spec.baseline.pinned is not None:
-            found = self.kube.find_job(suite.namespace, spec.baseline.pinned)
-            pinned = RunJob.from_object(found) if found is not None else None
         if spec is not None and spec.triggers.model_change is not None:
             model = self._model(suite.namespace, spec.triggers.model_change)
-        signers = {
-            run.name: self._signer(suite, run.name)
+        signing = [
+            run
             for run in suite.status.runs
             if run.attestation is not None and run.attestation.state == attestation.SIGNING
-        }
-        return SuiteObserved(
+        ]
+        recorded = {run.name for run in suite.status.runs}
+        active = [run for run in suite.status.runs if run.state == decisions.ACTIVE]
+        wanted = {name for run in active for name in (run.name, run.baseline) if name}
+        wanted |= {name for name in runs if name not in recorded}
+        wanted |= {name for run in signing for name in (run.name, run.baseline) if name}
+        for name in sorted(wanted & runs.keys()):
+            found = self.kube.find_job(suite.namespace, name)
+            if found is not None and (found.get("metadata") or {}).get("uid") == runs[name].uid:
+                runs[name] = RunJob.from_object(found)
+        observed = SuiteObserved(
             suite,
-            runs=runs_by_suite.get(suite.uid, {}),
-            pinned=pinned,
+            runs=runs,
             model=model,
-            signers=signers,
+            signers={run.name: self._signer(suite, run.name) for run in signing},
         )
+        pinned = spec.baseline.pinned if spec is not None else None
+        if pinned is not None and (wanted or decisions.may_start(observed, now)):
+            found = self.kube.find_job(suite.namespace, pinned)
+            if found is not None:
+                observed = replace(observed, pinned=RunJob.from_object(found))
+        return observed
 
     def _signer(self, suite: SuiteView, run_name: str) -> SignerView:
         """A run's signing pod: its phase, and on success its log's last lines.
@@ -193,7 +208,7 @@ class SuiteLoop:
         now: dt.datetime,
         report: SuitesReport,
     ) -> SuiteView:
-        observed = self._observe(suite, runs_by_suite)
+        observed = self._observe(suite, runs_by_suite, now)
         wanted = list(decisions.needs_items(observed))
         before = decisions.needs_baseline_items(observed, now)
         if before is not None:

@@ -76,6 +76,7 @@ __all__ = [
     "comparable_digest",
     "decide_suite",
     "due_schedule",
+    "may_start",
     "needs_items",
     "run_name",
 ]
@@ -749,6 +750,17 @@ def _baseline_values(read: ItemsRead | None, task: str, metric: str) -> list[flo
     if isinstance(items, str) or metric not in items.metrics:
         return None
     return list(items.metrics[metric].values)
+
+
+def may_start(observed: SuiteObserved, now: dt.datetime) -> bool:
+    """Whether a trigger is due (a run may start this cycle): the pinned baseline
+    is read only then, or while a run goes on. Pure."""
+    spec = observed.suite.spec
+    if spec is None or spec.suspend:
+        return False
+    if spec.triggers.schedule is not None and schedule_problem(spec.triggers.schedule):
+        return False
+    return _next_trigger(observed, now)[0] is not None
 
 
 def needs_baseline_items(observed: SuiteObserved, now: dt.datetime) -> tuple[str, str] | None:

@@ -250,14 +250,21 @@ class KubeReads:
         return self._list_whole(f"{JOBS_API}{where}/{api.SUITE_PLURAL}", api.SUITE_PLURAL)
 
     def list_suite_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every LMEvalJob carrying a suite's label (in `namespace`, or in all),
-        whole: their metadata proves them."""
+        """The metadata of every LMEvalJob carrying a suite's label (in `namespace`,
+        or in all): what proves a run is a suite's. Metadata only: a finished run's
+        status holds its results (up to 256 KB), which a suite reads by name, and
+        only for the few runs whose state it needs."""
         where = f"/namespaces/{namespace}" if namespace else ""
         return self._list_whole(
-            f"{JOBS_API}{where}/{api.PLURAL}", api.PLURAL, labelSelector=api.SUITE_LABEL
+            f"{JOBS_API}{where}/{api.PLURAL}",
+            api.PLURAL,
+            accept=_METADATA_LIST,
+            labelSelector=api.SUITE_LABEL,
         )
 
-    def _list_whole(self, path: str, resource: str, **query: Any) -> list[dict[str, Any]]:
+    def _list_whole(
+        self, path: str, resource: str, accept: str = "application/json", **query: Any
+    ) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -267,6 +274,7 @@ class KubeReads:
                 verb="list",
                 resource=resource,
                 query={**query, "limit": PAGE_SIZE, "continue": token},
+                accept=accept,
             )
             page = json.loads(raw)
             items.extend(item for item in page.get("items") or [] if isinstance(item, dict))
