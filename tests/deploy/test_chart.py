@@ -33,6 +33,7 @@ import pytest
 import yaml
 from lmeval_sandbox import chart, helm
 
+from poller import api
 from poller.api.settings import CONFIGMAP_NAME, Settings
 from tests.deploy.conftest import DEPLOY, OVERLAYS, POLLER_NS, REPO, Manifest, documents, kustomize
 
@@ -377,8 +378,13 @@ def test_pod_fields_reach_the_deployment(helm_home: Path, tmp_path: Path) -> Non
 
 
 def test_crd_survives_uninstall(helm_home: Path) -> None:
-    (crd,) = [d for d in _template(helm_home) if d["kind"] == "CustomResourceDefinition"]
-    assert crd["metadata"]["annotations"][KEEP] == "keep"
+    crds = [d for d in _template(helm_home) if d["kind"] == "CustomResourceDefinition"]
+    assert {crd["metadata"]["name"] for crd in crds} == {
+        f"{api.PLURAL}.{api.API_GROUP}",
+        f"{api.SUITE_PLURAL}.{api.API_GROUP}",
+    }
+    for crd in crds:
+        assert crd["metadata"]["annotations"][KEEP] == "keep"
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,9 @@ def _policy_names() -> list[tuple[Path, str]]:
     return found
 
 
+KSERVE_READER = "doc-samples-inferenceservice-reader"
+
+
 def _grant(plane: ControlPlane, namespace: str, user: str, cluster_role: str) -> None:
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -152,6 +155,23 @@ def ns(
     name = f"doc-samples-{uuid.uuid4().hex[:5]}"
     apply_job_namespace(plane, tmp_path_factory.mktemp("doc-samples"), name)
     _grant(plane, name, "doc-editor", "edit")
+    # On a KServe cluster, whoever edits a namespace's suites reads its
+    # InferenceServices (a suite's model trigger names one); this plane has no
+    # KServe, hence no role of KServe's that says so: this one does.
+    reader = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": KSERVE_READER},
+        "rules": [
+            {
+                "apiGroups": ["serving.kserve.io"],
+                "resources": ["inferenceservices"],
+                "verbs": ["get", "list", "watch"],
+            }
+        ],
+    }
+    plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(reader))
+    _grant(plane, name, "doc-editor", KSERVE_READER)
     _grant(plane, name, "doc-author", "lmeval-jobs-edit")
     _grant(plane, name, "doc-author", "view")  # reads the ConfigMaps, creates no pods
     here = Namespace(

@@ -11,7 +11,10 @@ a job cancelled while running (its pod deleted, its log archived); a job
 whose results are read with exec (``results-source: exec``); and a
 leader-election Lease acquired and renewed; a job's managed outputs claim made, and
 released when the job ends (``keep: true``), and another's found taken by someone
-else's claim. Then it reads the apiserver's
+else's claim; Kueue's workloads; and an LMEvalSuite asked for a run by hand,
+whose model trigger names an InferenceService, cycled until its run exists and
+its status records it (list the suites, get the InferenceService, create the
+run, patch the suite's status). Then it reads the apiserver's
 audit log (which the poller cannot influence) for the whole session so far:
 
 - every (API group, resource, verb) the rules grant was used at least once,
@@ -19,6 +22,13 @@ audit log (which the poller cannot influence) for the whole session so far:
   INSTALL.md gives too;
 - every request the poller made is covered by a rule, and none was refused
   (no 401 or 403 at all in the session).
+
+A request counts as used whatever its outcome but 401 and 403: a 404 was
+authorized first. So the InferenceService read counts where KServe's CRD is
+not installed (as here, unless another test installed it): the apiserver
+authorizes a request on an unknown API group like any other, records it in the
+audit log with its group and resource, and only then answers 404, which the
+poller reads as "no such InferenceService".
 
 Named ``test_zz_*`` so that in a full run it comes after the other suites and
 also sees what they made the poller do.
@@ -30,6 +40,7 @@ import contextlib
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -127,6 +138,27 @@ def _pod_of(poller: Reconciler, jobs: Jobs, name: str) -> str:
     return pod
 
 
+def _suite_run(jobs: Jobs, suite: str) -> str | None:
+    """The name of the LMEvalJob carrying `suite`'s label (its run), if any."""
+    listed: dict[str, Any] = jobs.custom.list_namespaced_custom_object(
+        api.API_GROUP,
+        api.API_VERSION,
+        jobs.namespace,
+        api.PLURAL,
+        label_selector=f"{api.SUITE_LABEL}={suite}",
+    )
+    items = listed["items"]
+    return str(items[0]["metadata"]["name"]) if items else None
+
+
+def _suite_status(jobs: Jobs, suite: str) -> dict[str, Any]:
+    found: dict[str, Any] = jobs.custom.get_namespaced_custom_object(
+        api.API_GROUP, api.API_VERSION, jobs.namespace, api.SUITE_PLURAL, suite
+    )
+    status: dict[str, Any] = found.get("status") or {}
+    return status
+
+
 def _complete(poller: Reconciler, jobs: Jobs, name: str) -> dict:
     status: dict = cycle_until(
         poller,
@@ -186,7 +218,10 @@ def test_every_rule_is_used_and_nothing_is_refused(
     cycle_until(poller, lambda: not jobs.pods(), what="the cancelled job's pod deleted")
 
     # 3. A job whose results are read with exec (`cat` in its held container).
-    set_settings(admin_api, {**BASE_SETTINGS, "results-source": "exec"})
+    #    The poller learns that results are held from a progress read of the
+    #    pod log, every progress-interval: its default, 30 s, is all of
+    #    cycle_until's time-out (the step took 30.2 s and barely passed).
+    set_settings(admin_api, {**BASE_SETTINGS, "results-source": "exec", "progress-interval": "1s"})
     jobs.create("exec-read")
     pod = _pod_of(poller, jobs, "exec-read")
     _serve_exec(admin_api, jobs.namespace, pod, tmp_path)
@@ -260,6 +295,37 @@ def test_every_rule_is_used_and_nothing_is_refused(
         {"spec": {"suspend": True}},
     )
     cycle_until(poller, lambda: queues.workload(waiting) is None, what="its workload deleted")
+
+    # 7. A suite (poller/cycle/suites.py): each cycle lists the suites; its model
+    #    trigger reads the InferenceService it names (get; 404 without KServe's
+    #    CRD, authorized all the same); the run asked for by hand is created from
+    #    the template (create) and recorded in the suite's status (patch).
+    jobs.custom.create_namespaced_custom_object(
+        api.API_GROUP,
+        api.API_VERSION,
+        jobs.namespace,
+        api.SUITE_PLURAL,
+        {
+            "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+            "kind": api.SUITE_KIND,
+            "metadata": {
+                "name": "audited-suite",
+                "annotations": {api.RUN_REQUESTED_ANNOTATION: "audit"},
+            },
+            "spec": {
+                "template": {"model": "dummy", "tasks": ["toy_mc"]},
+                "criteria": [{"task": "toy_mc", "maxDrop": 0.1}],
+                "triggers": {"modelChange": {"inferenceService": {"name": "audited-model"}}},
+            },
+        },
+    )
+    run = cycle_until(poller, lambda: _suite_run(jobs, "audited-suite"), what="the suite's run")
+    recorded = cycle_until(
+        poller,
+        lambda: _suite_status(jobs, "audited-suite").get("runs"),
+        what="the run in the suite's status",
+    )
+    assert [entry["name"] for entry in recorded] == [run], recorded
 
     granted = granted_rules()
     assert set(UNUSED_ON_PURPOSE) <= granted, "an allowed-unused rule is no longer granted"

@@ -12,6 +12,8 @@ kubectl), ``output`` (the one ``-o`` vocabulary: json, yaml, name, wide,
 jsonpath, custom-columns), ``follow`` (logs and wait, by polling),
 ``waitfor`` (``--for`` and ``--timeout``), ``watch`` (``-w``), ``completion``
 (shell completion), ``version`` (the client's, the cluster's and the
-poller's versions), ``facts`` (facts about a job) and ``render`` (tables
-and formats). See README.md beside this file.
+poller's versions), ``facts`` (facts about a job), ``render`` (tables
+and formats), ``suites`` (``suite list``, ``get`` and ``run``: LMEvalSuites)
+and ``suiteview`` (facts and tables of a suite). See README.md beside this
+file.
 """

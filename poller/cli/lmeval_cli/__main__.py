@@ -1,4 +1,4 @@
-"""``lmeval`` (also ``kubectl lmeval``): submit, follow and compare evaluations.
+"""``lmeval`` (also ``kubectl lmeval``): submit, follow and compare evaluations, and read suites.
 
 Why this module exists: it is the entry point of both console scripts and of
 ``python -m lmeval_cli``. It declares the commands and their flags, finds the
@@ -17,24 +17,35 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import argcomplete
 
-from lmeval_cli import commands, completion, follow, output, selection, submit, version, waitfor
+from lmeval_cli import (
+    commands,
+    completion,
+    follow,
+    output,
+    selection,
+    submit,
+    suites,
+    version,
+    waitfor,
+)
 from lmeval_cli.client import Cluster, fetch_job, split_ref
 from lmeval_cli.errors import ApiError, CliError, ExitCode, explain
 from lmeval_cli.kubeconfig import connect
 from lmeval_cli.render import Output
-from poller.cliapi import buildinfo
+from poller.cliapi import api, buildinfo
 
 __all__ = ["EXIT_CODES_HELP", "build_parser", "main"]
 
 EXIT_CODES_HELP = """\
 exit codes:
   0  success
-  1  a job ended without meeting --for: Failed or Cancelled (wait, submit --wait)
+  1  a job ended without meeting --for: Failed or Cancelled (wait, submit --wait);
+     suite verify: a signed verdict failed verification, or none was verified
   2  wait (or delete --wait, submit --wait) timed out
   3  invalid flags, spec, file, -o format or template; request refused as invalid
-  4  job not found (the other jobs named are still acted on), or it has no pod,
-     log or results yet; wait: no job matches -l
-  5  the LMEvalJob API is not installed on the cluster
+  4  job or suite not found (the others named are still acted on), or the job
+     has no pod, log or results yet; wait: no job matches -l
+  5  the LMEvalJob (or LMEvalSuite) API is not installed on the cluster
   6  permission denied (RBAC, or an admission policy: its own message)
   7  kubeconfig, credentials or connection problem, other API errors
   8  an object the job names (results ConfigMap, pod) is not the job's: not shown
@@ -147,6 +158,7 @@ def build_parser(prog: str = "lmeval") -> argparse.ArgumentParser:
     _add_wait(sub)
     _add_patch_commands(sub)
     _add_delete(sub)
+    _add_suite(sub)
     _add_version(sub)
     _add_completion(sub)
     return parser
@@ -365,6 +377,78 @@ def _boolean(text: str) -> bool:
     if lowered not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"true or false, not {text!r}")
     return lowered == "true"
+
+
+SUITE_DESCRIPTION = """\
+LMEvalSuites: evaluations that run again on a schedule, when the model
+changes or by hand, each run judged against a baseline (Passed, Regressed or
+Inconclusive). Its commands:
+  `lmeval suite list`: NAME, VERDICT, TRIGGERS, LAST RUN, ACTIVE, AGE;
+  `lmeval suite get NAME...`: the suite, its runs (trigger, revision or
+    scheduled time, state, verdict, reason, baseline) and each run's criteria
+    (tier, verdict, difference, p-value, documents paired, minimum detectable
+    drop); -o json|yaml prints the object;
+  `lmeval suite run NAME`: a run now (a new value of the run-requested
+    annotation, which the poller acts on once);
+  `lmeval suite verify NAME --key cosign.pub`: each kept run's signed
+    verdict (its DSSE envelope, in ConfigMap <run>-attestation) verified
+    with the key and checked against the status; exit 0 only when every one
+    verified is OK and at least one was.
+Each takes --help."""
+
+
+def _add_suite(sub: _Commands) -> None:
+    """`suite list|get|run|verify`: a command with commands of its own, as `kubectl config`."""
+    cmd = _command(
+        sub,
+        "suite",
+        _cmd_help,
+        "LMEvalSuites: list them, show their runs and verdicts, ask for a run, verify the "
+        "signed verdicts",
+        aliases=[api.SUITE_SHORT_NAME],
+        connects_lazily=True,
+    )
+    cmd.description = SUITE_DESCRIPTION
+    cmd.set_defaults(help_parser=cmd)
+    nested = cmd.add_subparsers(dest="suite_command", metavar="COMMAND", parser_class=_Parser)
+    listed = _command(
+        nested,
+        "list",
+        suites.cmd_suite_list,
+        "list suites with their latest verdict, triggers, last run and active runs",
+        aliases=["ls"],
+    )
+    suites.add_list_arguments(listed)
+    shown = _command(
+        nested,
+        "get",
+        suites.cmd_suite_get,
+        "show suites: triggers, baseline rule, criteria, conditions, every run kept with "
+        "its verdict and each criterion's numbers, events (-o for the objects)",
+    )
+    suites.add_get_arguments(shown)
+    ran = _command(
+        nested,
+        "run",
+        suites.cmd_suite_run,
+        "ask for a run now: a new value of the suite's run-requested annotation (merge "
+        "patch), which the poller acts on once",
+    )
+    suites.add_run_arguments(ran)
+    verified = _command(
+        nested,
+        "verify",
+        suites.cmd_suite_verify,
+        "verify the runs' signed verdicts (spec.attestation) with a public key, and that "
+        "each says what the suite's status records",
+    )
+    suites.add_verify_arguments(verified)
+
+
+def _cmd_help(args: argparse.Namespace, _connect: Callable[[], Cluster], out: Output) -> int:
+    """A command of commands, given none: its help, as kubectl prints it."""
+    args.help_parser.print_help(out.stdout)
+    return int(ExitCode.OK)
 
 
 def _add_version(sub: _Commands) -> None:

@@ -16,7 +16,8 @@ admission policy keeps anyone but the poller from naming an LMEvalJob as
 owner, and the apiserver allows one controller per object). Requests use
 the client's plumbing (TLS, credentials, pooling) with plain JSON in and
 out, like ``poller.kube.client``: the typed models would drop unknown fields and
-cost more than they give a printer.
+cost more than they give a printer. LMEvalSuites (``lmeval suite``) are read
+and patched the same way (:func:`fetch_suite`, :meth:`Cluster.patch_suite`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from lmeval_cli.errors import (
     not_owned,
     parse_status,
     suggest,
+    suite_not_found,
 )
 from lmeval_cli.rawapi import send
 from poller.cliapi import api, controller_text, controller_uid, results_configmap_name
@@ -46,10 +48,12 @@ __all__ = [
     "Cluster",
     "controller_text",
     "fetch_job",
+    "fetch_suite",
     "owned_object",
     "results_configmap",
     "results_configmap_of",
     "split_ref",
+    "split_suite_ref",
 ]
 
 JOBS_PREFIX = f"/apis/{api.API_GROUP}/{api.API_VERSION}"
@@ -59,7 +63,7 @@ REQUEST_TIMEOUT = (10.0, 60.0)
 
 
 class Cluster:
-    """Plain-JSON access to LMEvalJobs and what belongs to them, in one context."""
+    """Plain-JSON access to LMEvalJobs, LMEvalSuites and what belongs to them, in one context."""
 
     def __init__(self, api_client: client.ApiClient, namespace: str, server: str = "") -> None:
         self.api_client = api_client
@@ -216,6 +220,55 @@ class Cluster:
         )
         return answer
 
+    # -- LMEvalSuites ----------------------------------------------------------
+
+    @staticmethod
+    def _suites_path(namespace: str | None, name: str | None = None) -> str:
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return f"{JOBS_PREFIX}{where}/{api.SUITE_PLURAL}" + (f"/{name}" if name else "")
+
+    def list_suites(
+        self, namespace: str | None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Suites in `namespace` (None: all namespaces), paged."""
+        return list(
+            self._pages(
+                self._suites_path(namespace),
+                resource=api.SUITE_PLURAL,
+                group=api.API_GROUP,
+                namespace=namespace,
+                labelSelector=label_selector,
+            )
+        )
+
+    def get_suite(self, name: str, namespace: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._json(
+            "GET",
+            self._suites_path(namespace, name),
+            verb="get",
+            resource=api.SUITE_PLURAL,
+            group=api.API_GROUP,
+            namespace=namespace,
+            name=name,
+        )
+        return found
+
+    def patch_suite(self, name: str, namespace: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of the suite (its run-requested annotation)."""
+        patched: dict[str, Any] = self._json(
+            "PATCH",
+            self._suites_path(namespace, name),
+            verb="patch",
+            resource=api.SUITE_PLURAL,
+            group=api.API_GROUP,
+            namespace=namespace,
+            name=name,
+            query={"fieldManager": "lmeval-cli"},
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+        return patched
+
     # -- the cluster and the poller (lmeval version) ----------------------------
 
     def server_version(self) -> dict[str, Any]:
@@ -242,15 +295,18 @@ class Cluster:
 
     # -- what belongs to a job -------------------------------------------------
 
-    def list_events(self, name: str, namespace: str, uid: str = "") -> list[dict[str, Any]]:
-        """core/v1 Events about the job named `name` (with `uid`: about that job only).
+    def list_events(
+        self, name: str, namespace: str, uid: str = "", kind: str = api.KIND
+    ) -> list[dict[str, Any]]:
+        """core/v1 Events about the `kind` (a job, or a suite) named `name`
+        (with `uid`: about that object only).
 
-        The UID leaves out events about an earlier job of the same name. An
+        The UID leaves out events about an earlier object of the same name. An
         Event is not owned by anything, and whoever may create Events can
         write one about any object: events are shown as what they are,
         reports, never read as results.
         """
-        selector = f"involvedObject.name={name},involvedObject.kind={api.KIND}"
+        selector = f"involvedObject.name={name},involvedObject.kind={kind}"
         if uid:
             selector += f",involvedObject.uid={uid}"
         return list(
@@ -332,9 +388,19 @@ class Cluster:
 _TYPE_PREFIXES = ("lmevaljob/", "lmevaljobs/", "lmej/", f"lmevaljob.{api.API_GROUP}/")
 
 
-def split_ref(ref: str, namespace: str) -> tuple[str, str]:
+_SUITE_PREFIXES = (
+    f"{api.SUITE_KIND.lower()}/",
+    f"{api.SUITE_PLURAL}/",
+    f"{api.SUITE_SHORT_NAME}/",
+    f"{api.SUITE_KIND.lower()}.{api.API_GROUP}/",
+)
+
+
+def split_ref(
+    ref: str, namespace: str, prefixes: tuple[str, ...] = _TYPE_PREFIXES
+) -> tuple[str, str]:
     """'name', 'lmevaljob/name' or 'namespace/name' -> (namespace, name)."""
-    for prefix in _TYPE_PREFIXES:
+    for prefix in prefixes:
         if ref.startswith(prefix):
             ref = ref[len(prefix) :]
             break
@@ -369,6 +435,40 @@ def fetch_job(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
             names = []
         elsewhere = [] if suggest(name, names) else _names_elsewhere(cluster, name)
         raise job_not_found(name, namespace, names, elsewhere) from error
+
+
+# -- the suite a person named -----------------------------------------------------
+
+
+def split_suite_ref(ref: str, namespace: str) -> tuple[str, str]:
+    """'name', 'lmevalsuite/name' (or lmes/, lmevalsuites/) or 'namespace/name'
+    -> (namespace, name)."""
+    return split_ref(ref, namespace, _SUITE_PREFIXES)
+
+
+def fetch_suite(cluster: Cluster, name: str, namespace: str) -> dict[str, Any]:
+    """The suite, or CliError: not found (did you mean ...), forbidden, not installed."""
+    try:
+        return cluster.get_suite(name, namespace)
+    except ApiError as error:
+        if error.status != 404 or not error.details.get("name"):
+            raise explain(error) from error
+        try:
+            names = [str(s["metadata"]["name"]) for s in cluster.list_suites(namespace)]
+        except ApiError:
+            names = []
+        elsewhere: list[str] = []
+        if not suggest(name, names):
+            try:
+                everywhere = cluster.list_suites(None)
+            except ApiError:
+                everywhere = []  # no right to list across namespaces: no hint
+            elsewhere = sorted(
+                str(s["metadata"].get("namespace"))
+                for s in everywhere
+                if s.get("metadata", {}).get("name") == name
+            )
+        raise suite_not_found(name, namespace, names, elsewhere) from error
 
 
 # -- what belongs to a job: checked by its controller ------------------------------

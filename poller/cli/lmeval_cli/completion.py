@@ -6,10 +6,10 @@ a small function that, on Tab, runs ``lmeval`` again with the command line
 in its environment; ``main`` hands that run to ``argcomplete.autocomplete``
 before parsing, which answers with the commands, flags and ``-o`` formats
 the parser declares, and with the names of the namespace's jobs where a
-command takes job names (:func:`job_names`, which asks the cluster of the
-``--kubeconfig``/``--context``/``-n`` typed so far, and offers nothing when
-it cannot). The same parser answers ``--help`` and completion, so they
-cannot drift apart.
+command takes job names (:func:`job_names`; suites' names: :func:`suite_names`),
+which asks the cluster of the ``--kubeconfig``/``--context``/``-n`` typed so
+far, and offers nothing when it cannot. The same parser answers ``--help``
+and completion, so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from argcomplete.shell_integration import shellcode
 
 from lmeval_cli.render import Output
 
-__all__ = ["SHELLS", "add_arguments", "cmd_completion", "job_names"]
+__all__ = ["SHELLS", "add_arguments", "cmd_completion", "job_names", "suite_names"]
 
 SHELLS = ("bash", "zsh", "fish")
 # The executable the shell completes (kubectl finds `kubectl lmeval` itself).
@@ -54,6 +54,17 @@ def job_names(
     Any failure (no kubeconfig, no right to list, an unreachable server)
     offers nothing rather than an error in the middle of the prompt.
     """
+    return _names("jobs", prefix, parsed_args)
+
+
+def suite_names(
+    prefix: str = "", parsed_args: argparse.Namespace | None = None, **_: Any
+) -> list[str]:
+    """Suite names in the namespace the command line points at (`lmeval suite get <Tab>`)."""
+    return _names("suites", prefix, parsed_args)
+
+
+def _names(kind: str, prefix: str, parsed_args: argparse.Namespace | None) -> list[str]:
     from lmeval_cli.client import Cluster
     from lmeval_cli.kubeconfig import connect
 
@@ -66,12 +77,15 @@ def job_names(
     except Exception:
         return []
     try:
-        jobs = Cluster(target.api_client, target.namespace, target.server).list_jobs(
-            target.namespace
+        cluster = Cluster(target.api_client, target.namespace, target.server)
+        listed = (
+            cluster.list_suites(target.namespace)
+            if kind == "suites"
+            else cluster.list_jobs(target.namespace)
         )
     except Exception:
         return []
     finally:
         target.api_client.close()  # type: ignore[no-untyped-call]
-    names = sorted(str(j["metadata"]["name"]) for j in jobs)
+    names = sorted(str(o["metadata"]["name"]) for o in listed)
     return [n for n in names if n.startswith(prefix)]

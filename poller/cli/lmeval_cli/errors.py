@@ -22,6 +22,7 @@ from poller.cliapi import api
 
 __all__ = [
     "API_NOT_FOUND",
+    "SUITE_API_NOT_FOUND",
     "USER_ROLES",
     "ApiError",
     "CliError",
@@ -33,6 +34,7 @@ __all__ = [
     "parse_status",
     "role_for",
     "suggest",
+    "suite_not_found",
 ]
 
 
@@ -43,8 +45,8 @@ class ExitCode(IntEnum):
     JOB_FAILED = 1  # the job ended Failed or Cancelled (wait, submit --wait)
     TIMEOUT = 2  # wait --timeout passed before the job got there
     USAGE = 3  # bad flags, an invalid spec or file, a request the server refused as invalid
-    NOT_FOUND = 4  # no such job, or it has no pod, log or results (yet)
-    NOT_INSTALLED = 5  # the LMEvalJob API is not served: the poller is not installed
+    NOT_FOUND = 4  # no such job or suite, or the job has no pod, log or results (yet)
+    NOT_INSTALLED = 5  # the LMEvalJob (or LMEvalSuite) API is not served: no poller, or an old one
     FORBIDDEN = 6  # 403: RBAC, or an admission policy (its own words)
     CLUSTER = 7  # kubeconfig, credentials, unreachable server, other API errors
     NOT_OWNED = 8  # an object the job names (results ConfigMap, pod) is not the job's
@@ -54,6 +56,11 @@ class ExitCode(IntEnum):
 INSTALL_HINT = "kubectl apply -k deploy/overlays/kubernetes"
 API_NOT_FOUND = (
     f"LMEvalJob API not found on this cluster: is the lmeval poller installed? ({INSTALL_HINT})"
+)
+# Suites came later than jobs: a cluster may serve LMEvalJobs and not yet LMEvalSuites.
+SUITE_API_NOT_FOUND = (
+    f"LMEvalSuite API not found on this cluster: is the lmeval poller installed, at a version "
+    f"with suites? ({INSTALL_HINT})"
 )
 # The apiserver's RBAC refusal, e.g. 'lmevaljobs.g is forbidden: User "alice"
 # cannot list resource "lmevaljobs" in API group "g" in the namespace "ns"',
@@ -75,17 +82,21 @@ _FORBIDDEN_RE = re.compile(
 # unit tests compare this with the file), least first: the role advised for
 # an RBAC denial is the first that grants the refused verb on the refused
 # resource of the LMEvalJob group, and no role is advised when none does
-# (e.g. an update of lmevaljobs/status: that is the poller's).
+# (e.g. an update of lmevaljobs/status: that is the poller's). The same two
+# roles cover LMEvalJobs and LMEvalSuites.
 _VIEW_VERBS = ("get", "list", "watch")
 _EDIT_VERBS = (*_VIEW_VERBS, "create", "update", "patch", "delete", "deletecollection")
+_KINDS = (api.PLURAL, api.SUITE_PLURAL)
 USER_ROLES: tuple[tuple[str, frozenset[tuple[str, str]]], ...] = (
     (
         "lmeval-jobs-view",
-        frozenset((v, r) for v in _VIEW_VERBS for r in (api.PLURAL, f"{api.PLURAL}/status")),
+        frozenset((v, r) for v in _VIEW_VERBS for k in _KINDS for r in (k, f"{k}/status")),
     ),
     (
         "lmeval-jobs-edit",
-        frozenset([(v, api.PLURAL) for v in _EDIT_VERBS] + [("get", f"{api.PLURAL}/status")]),
+        frozenset(
+            [(v, k) for v in _EDIT_VERBS for k in _KINDS] + [("get", f"{k}/status") for k in _KINDS]
+        ),
     ),
 )
 
@@ -229,6 +240,10 @@ def explain(error: ApiError) -> CliError:
             return CliError(API_NOT_FOUND, ExitCode.NOT_INSTALLED)
         if error.resource == api.PLURAL and named:
             return job_not_found(str(named), error.namespace, [])
+        if error.resource == api.SUITE_PLURAL and error.group == api.API_GROUP:
+            if not named:
+                return CliError(SUITE_API_NOT_FOUND, ExitCode.NOT_INSTALLED)
+            return suite_not_found(str(named), error.namespace, [])
         what = _qualified(error.resource, error.group)
         if error.name:
             what += f" {error.name}"
@@ -286,6 +301,27 @@ def job_not_found(
         message += f" (a job of that name exists in namespace {places}: use -n)"
     elif not candidates:
         message += " (there are no LMEvalJobs there; `lmeval list -A` shows all namespaces)"
+    return CliError(message, ExitCode.NOT_FOUND)
+
+
+def suite_not_found(
+    name: str,
+    namespace: str | None,
+    candidates: list[str],
+    elsewhere: list[str] | None = None,
+) -> CliError:
+    """'No LMEvalSuite X in namespace Y', with the names it probably meant."""
+    message = f'{api.SUITE_KIND} "{name}" not found{_where(namespace)}'
+    close = suggest(name, candidates)
+    if close:
+        message += ": did you mean " + " or ".join(f'"{c}"' for c in close) + "?"
+    elif elsewhere:
+        places = ", ".join(elsewhere[:3])
+        message += f" (a suite of that name exists in namespace {places}: use -n)"
+    elif not candidates:
+        message += (
+            f" (there are no {api.SUITE_KIND}s there; `lmeval suite list -A` shows all namespaces)"
+        )
     return CliError(message, ExitCode.NOT_FOUND)
 
 

@@ -44,6 +44,7 @@ from poller.cliapi import api
 __all__ = [
     "OBJECT_FORMATS",
     "RESOURCE",
+    "SUITE_RESOURCE",
     "TABLE_FORMATS",
     "Format",
     "Template",
@@ -56,8 +57,9 @@ __all__ = [
     "qualified_name",
 ]
 
-# How kubectl names an LMEvalJob in `-o name` and in `delete`'s lines.
+# How kubectl names an LMEvalJob in `-o name` and in `delete`'s lines, and an LMEvalSuite.
 RESOURCE = f"{api.KIND.lower()}.{api.API_GROUP}"
+SUITE_RESOURCE = f"{api.SUITE_KIND.lower()}.{api.API_GROUP}"
 # The formats that print the objects themselves, whatever the command.
 OBJECT_FORMATS = ("json", "yaml", "name", "jsonpath", "custom-columns")
 # The formats of tables of scores (results, compare).
@@ -385,10 +387,10 @@ def add_output(
 # -- printing objects ---------------------------------------------------------------------
 
 
-def qualified_name(obj: dict[str, Any]) -> str:
-    """``lmevaljob.<group>/NAME``, as kubectl's ``-o name`` prints it."""
+def qualified_name(obj: dict[str, Any], resource: str = RESOURCE) -> str:
+    """``lmevaljob.<group>/NAME`` (or `resource`/NAME), as kubectl's ``-o name`` prints it."""
     meta = obj.get("metadata") or {}
-    return f"{RESOURCE}/{meta.get('name') or meta.get('generateName') or ''}"
+    return f"{resource}/{meta.get('name') or meta.get('generateName') or ''}"
 
 
 def list_object(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -403,18 +405,20 @@ def print_objects(
     *,
     single: bool,
     no_headers: bool = False,
+    resource: str = RESOURCE,
 ) -> None:
     """Print `objects` in an object format (json, yaml, name, jsonpath, custom-columns).
 
     `single`: one object was asked for by name, so json, yaml and jsonpath
     get the object itself; otherwise they get a List of them (as kubectl).
+    `resource`: what ``-o name`` calls them (LMEvalJobs unless told).
     """
     whole: Any = objects[0] if single and len(objects) == 1 else list_object(objects)
     if fmt.name in ("json", "yaml"):
         out.write(render.dump(whole, fmt.name))
     elif fmt.name == "name":
         for obj in objects:
-            out.write(qualified_name(obj))
+            out.write(qualified_name(obj, resource))
     elif fmt.name == "jsonpath":
         assert fmt.template is not None
         # Like kubectl: exactly the template's text, no newline added.

@@ -36,18 +36,22 @@ __all__ = [
     "PAIRED_RIGHT",
     "Grid",
     "Output",
+    "conditions_grid",
     "details",
     "dump",
+    "events_grid",
     "grid_csv",
     "grid_markdown",
     "grid_table",
     "jobs_grid",
+    "kv_table",
     "make_console",
     "paired_grid",
     "paired_heading",
     "paired_notes",
     "safe",
     "scores_grid",
+    "short",
 ]
 
 PIPE_WIDTH = 120
@@ -174,7 +178,8 @@ def grid_markdown(grid: Grid) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _short(text: str, width: int = MESSAGE_WIDTH) -> str:
+def short(text: str, width: int = MESSAGE_WIDTH) -> str:
+    """`text` on one line, cut to `width` characters (a table cell)."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -206,7 +211,7 @@ def jobs_grid(
             the_status = facts.status(job)
             row += [
                 str(the_status.get("podName") or "-"),
-                _short(str(the_status.get("message") or "-")),
+                short(str(the_status.get("message") or "-")),
             ]
         rows.append(row)
     return headers, rows
@@ -305,7 +310,8 @@ def paired_notes(report: paired.Report, notes: list[str]) -> list[str]:
     return [safe(line, 1000) for line in lines]
 
 
-def _kv_table(pairs: list[tuple[str, str]]) -> Table:
+def kv_table(pairs: list[tuple[str, str]]) -> Table:
+    """``Label:  value`` lines, as kubectl describe aligns them (jobs and suites)."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -361,7 +367,8 @@ def _status_pairs(job: dict[str, Any], now: dt.datetime) -> list[tuple[str, str]
     return pairs
 
 
-def _conditions_grid(job: dict[str, Any], now: dt.datetime) -> Grid:
+def conditions_grid(job: dict[str, Any], now: dt.datetime) -> Grid:
+    """The object's status.conditions (a job's or a suite's), messages cut at 80."""
     headers = ["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"]
     rows = [
         [
@@ -369,7 +376,7 @@ def _conditions_grid(job: dict[str, Any], now: dt.datetime) -> Grid:
             str(c.get("status")),
             str(c.get("reason") or "-"),
             facts.age(c.get("lastTransitionTime"), now),
-            _short(str(c.get("message") or ""), 80),
+            short(str(c.get("message") or ""), 80),
         ]
         for c in facts.conditions(job)
     ]
@@ -386,7 +393,8 @@ def _event_time(event: dict[str, Any]) -> str:
     )
 
 
-def _events_grid(events: list[dict[str, Any]], now: dt.datetime) -> Grid:
+def events_grid(events: list[dict[str, Any]], now: dt.datetime) -> Grid:
+    """Events, oldest first, messages cut at 80."""
     headers = ["AGE", "TYPE", "REASON", "MESSAGE"]
     ordered = sorted(events, key=_event_time)
     rows = [
@@ -394,7 +402,7 @@ def _events_grid(events: list[dict[str, Any]], now: dt.datetime) -> Grid:
             facts.age(_event_time(e), now),
             str(e.get("type") or "-"),
             str(e.get("reason") or "-"),
-            _short(str(e.get("message") or ""), 80),
+            short(str(e.get("message") or ""), 80),
         ]
         for e in ordered
     ]
@@ -408,20 +416,20 @@ def details(
     now: dt.datetime,
 ) -> list[Any]:
     """The renderables of `lmeval get NAME`, in order."""
-    parts: list[Any] = [_kv_table(_status_pairs(job, now)), Text(""), Text("Spec:", style="bold")]
-    parts.append(_kv_table([("  " + k, v) for k, v in facts.spec_summary(job)]))
+    parts: list[Any] = [kv_table(_status_pairs(job, now)), Text(""), Text("Spec:", style="bold")]
+    parts.append(kv_table([("  " + k, v) for k, v in facts.spec_summary(job)]))
     provenance = facts.provenance_pairs(job)
     if provenance:
         parts += [Text(""), Text("Provenance:", style="bold")]
-        parts.append(_kv_table([("  " + k, v) for k, v in provenance]))
+        parts.append(kv_table([("  " + k, v) for k, v in provenance]))
     parts += [Text(""), Text("Conditions:", style="bold")]
-    cond = _conditions_grid(job, now)
+    cond = conditions_grid(job, now)
     parts.append(grid_table(cond) if cond[1] else Text("  <none>"))
     parts += [Text(""), Text("Events:", style="bold")]
     if events is None:
         parts.append(Text(f"  {events_note}"))
     else:
-        grid = _events_grid(events, now)
+        grid = events_grid(events, now)
         parts.append(grid_table(grid) if grid[1] else Text("  <none>"))
     parts += [Text(""), Text("Results:", style="bold")]
     results = facts.job_results(job)
