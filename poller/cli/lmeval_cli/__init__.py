@@ -13,7 +13,8 @@ jsonpath, custom-columns), ``follow`` (logs and wait, by polling),
 ``waitfor`` (``--for`` and ``--timeout``), ``watch`` (``-w``), ``completion``
 (shell completion), ``version`` (the client's, the cluster's and the
 poller's versions), ``facts`` (facts about a job), ``render`` (tables
-and formats), ``suites`` (``suite list``, ``get`` and ``run``: LMEvalSuites)
-and ``suiteview`` (facts and tables of a suite). See README.md beside this
-file.
+and formats), ``suites`` (``suite list``, ``get``, ``run`` and ``verify``:
+LMEvalSuites), ``suiteview`` (facts and tables of a suite) and
+``suiteverify`` (a suite's signed verdicts checked with its public key). See
+README.md beside this file.
 """
