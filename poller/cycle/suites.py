@@ -35,7 +35,7 @@ from poller.decisions.attestation import SignerView
 from poller.decisions.suites import ModelRevision, RunJob, SuiteObserved, SuiteView
 from poller.jobpod import signer
 from poller.kube.client import Kube
-from poller.kube.errors import ApiError
+from poller.kube.errors import ApiError, Conflict
 
 __all__ = ["RUN_PROOF_ATTEMPT", "SuiteLoop", "SuitesReport"]
 
@@ -244,9 +244,16 @@ class SuiteLoop:
             # A merge patch keeps what it does not name: erase what the decision dropped.
             for key in suite.raw_status:
                 status.setdefault(key, None)
-            self.kube.patch_suite_status(
-                suite.namespace, suite.name, status, suite.resource_version
-            )
+            try:
+                self.kube.patch_suite_status(
+                    suite.namespace, suite.name, status, suite.resource_version
+                )
+            except Conflict:
+                # Someone changed the suite since it was listed (a run asked for by
+                # hand, an edit): decided again next cycle on the new object; a run
+                # made above is adopted then by its proof.
+                log.info("LMEvalSuite %s/%s changed meanwhile", suite.namespace, suite.name)
+                return suite
             report.patches += 1
         for kind, reason, message in decision.events:
             self.kube.post_event(
