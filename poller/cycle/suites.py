@@ -35,7 +35,7 @@ from poller.decisions.attestation import SignerView
 from poller.decisions.suites import ModelRevision, RunJob, SuiteObserved, SuiteView
 from poller.jobpod import signer
 from poller.kube.client import Kube
-from poller.kube.errors import ApiError, Conflict
+from poller.kube.errors import ApiError, Conflict, NotFound
 
 __all__ = ["RUN_PROOF_ATTEMPT", "SuiteLoop", "SuitesReport"]
 
@@ -80,12 +80,23 @@ class SuiteLoop:
         self.settings = settings
         # Empty: every namespace (one LIST each); else only these (the jobs' rule).
         self.namespaces = tuple(namespaces)
+        self._warned_no_api = False
 
     def run(self, now: dt.datetime) -> SuitesReport:
         """One pass over the suites. Raises only when the LIST of suites fails."""
         report = SuitesReport()
         scopes: Sequence[str | None] = self.namespaces or (None,)
-        listed = [obj for scope in scopes for obj in self.kube.list_suites(scope)]
+        try:
+            listed = [obj for scope in scopes for obj in self.kube.list_suites(scope)]
+        except NotFound:
+            # The LMEvalSuite CRD is not installed (only the LMEvalJob one was
+            # applied, or an upgrade applies it after the poller): no suites, and
+            # the jobs' half of the cycle is unaffected. Asked again next cycle.
+            if not self._warned_no_api:
+                log.warning("the LMEvalSuite API is not installed: no suites until it is")
+                self._warned_no_api = True
+            return report
+        self._warned_no_api = False
         report.suites = len(listed)
         if not listed:
             return report

@@ -94,7 +94,7 @@ sys.path.append(str(REPO_ROOT))
 from lmeval_sandbox import kwok  # noqa: E402
 from lmeval_sandbox.components import free_port  # noqa: E402
 from lmeval_sandbox.controlplane import ControlPlane  # noqa: E402
-from lmeval_sandbox.crd import CRD_PATH  # noqa: E402
+from lmeval_sandbox.crd import CRD_PATHS  # noqa: E402
 from lmeval_sandbox.identities import service_account_kubeconfig  # noqa: E402
 from lmeval_sandbox.kueue import KueueServer  # noqa: E402
 
@@ -542,7 +542,8 @@ class Bench:
         self.plane.start()
         log(f"control plane up in {time.monotonic() - started:.1f} s ({self.plane.workdir})")
         self.admin = admin_http(self.plane, maxsize=self.args.workers * 2)
-        self.plane.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+        for crd_path in CRD_PATHS:  # both kinds, as installed: the cycle lists suites too
+            self.plane.kubectl("apply", "--server-side", "-f", str(crd_path))
         for manifest in ("namespace.yaml", "rbac.yaml"):
             self.plane.kubectl("apply", "-f", str(REPO_ROOT / "deploy" / "base" / manifest))
         self.plane.kubectl(
