@@ -17,7 +17,8 @@ statement and pushes it beside the model. Checks:
   subject is the model's digest, its predicate the suite, the run, the
   verdict Passed with the criterion's numbers and both jobs' provenance;
 - the envelope in the ConfigMap verifies with ``driver.attest.verify_envelope``
-  and is the one cosign printed;
+  and is the one cosign printed; ``lmeval suite verify`` says OK with the
+  suite's public key and refuses another key;
 - one byte of the statement changed and pushed in its place: cosign refuses.
 """
 
@@ -31,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes import client
 from lmeval_sandbox import cosign
+from lmeval_sandbox.controlplane import ControlPlane
 from lmeval_sandbox.model_server import ModelServer
 from lmeval_sandbox.runner import LocalRunner
 
@@ -41,6 +45,7 @@ from poller import api
 from poller.cycle.reconciler import Reconciler
 from poller.jobpod import signer
 from tests import ociregistry
+from tests.cli.conftest import Cli
 from tests.e2e.test_regression_gate import METRIC, TASK
 from tests.e2e.test_regression_gate import _tasks_configmap as tasks_configmap
 from tests.e2e.test_suites import _create_suite, _runs, _template
@@ -80,8 +85,21 @@ def _verified(reference: str, public: Path, home: Path) -> tuple[int, list[dict[
     return done.returncode, statements, done.stderr
 
 
+def _other_key(directory: Path) -> tuple[Path, ec.EllipticCurvePrivateKey]:
+    """Another P-256 key's public half (cosign.pub's format), for a refusal."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = directory / "other.pub"
+    path.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return path, key
+
+
 def test_a_verdict_is_signed_and_cosign_verifies_it(
     poller: Reconciler,
+    control_plane: ControlPlane,
     jobs: Jobs,
     runner: LocalRunner,
     server: ModelServer,
@@ -159,6 +177,15 @@ def test_a_verdict_is_signed_and_cosign_verifies_it(
     assert set(predicate["provenance"]) == {run["name"], "prod-eval"}
     hashes = predicate["provenance"][run["name"]].get("taskHashes") or {}
     assert TASK in hashes, predicate["provenance"][run["name"]]
+
+    # The CLI checks the kept envelope against the status, with the suite's key.
+    cli = Cli(control_plane.kubeconfig, jobs.namespace)
+    done = cli("suite", "verify", "signed", "--key", str(public))
+    assert done.returncode == 0, done.stderr
+    assert run["name"] in done.stdout and "OK" in done.stdout, done.stdout
+    other, _ = _other_key(tmp_path)
+    refused = cli("suite", "verify", "signed", "--key", str(other))
+    assert refused.returncode == 1 and "does not verify" in refused.stdout + refused.stderr
 
     # One byte of the statement changed, pushed in the attestation's place.
     tampered = copy.deepcopy(envelope)
