@@ -90,13 +90,19 @@ COMPARED = (
 
 # -- the toy tasks (a ConfigMap, mounted through spec.customTasks) ---------------------
 
-# The driver tests' toy tasks (20 and 13 documents), their YAML in the ConfigMap;
-# their data files stay where they are, named by this checkout's path (the
-# sample's test below has its data in its ConfigMap).
+# The driver tests' toy tasks (20 and 13 documents) and their data files, all in
+# the ConfigMap, which every pod mounts at one path. (Named by this checkout's
+# path instead, the data would be out of the pods' reach wherever the local
+# runner maps that path into each pod's own root, as it does under /tmp: a
+# clone in /tmp failed every test here.)
 SHARDTASKS = Path(__file__).resolve().parents[1] / "driver" / "shardtasks"
+TASKS_MOUNT = f"/opt/lmeval/tasks/{TASKS_CONFIGMAP}"
 TASK_FILES = {
-    path.name: path.read_text().replace("__SHARDTASKS__", str(SHARDTASKS))
-    for path in sorted(SHARDTASKS.glob("*.yaml"))
+    **{
+        path.name: path.read_text().replace("__SHARDTASKS__", TASKS_MOUNT)
+        for path in sorted(SHARDTASKS.glob("*.yaml"))
+    },
+    **{path.name: path.read_text() for path in sorted(SHARDTASKS.glob("*.jsonl"))},
 }
 # Multiple choice in a group (acc weighted by size, acc_norm not), generation
 # (exact_match, and the corpus-level bleu and chrf, with two filters), rolling
