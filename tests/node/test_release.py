@@ -381,11 +381,14 @@ def test_install_with_helm_as_the_readme_says(
         assert_succeeded_with_results(cluster, "first")
         print(f"\nhelm: install to first Succeeded {time.monotonic() - started:.1f} s")
         assert_scraped(cluster, current.version)
-        # Uninstall: the chart's objects go; the CRD and the jobs stay.
+        # Uninstall: the chart's objects go; the CRDs (both kinds) and the jobs stay.
         run_helm(cluster, "uninstall", "lmeval-poller", "-n", POLLER_NS, "--wait")
         left = poller_leftovers(cluster)
-        crd = f"customresourcedefinition.apiextensions.k8s.io/{api.PLURAL}.{api.API_GROUP}"
-        assert left == [crd] or set(left) <= {crd, f"namespace/{JOBS_NS}"}, left
+        crds = {
+            f"customresourcedefinition.apiextensions.k8s.io/{plural}.{api.API_GROUP}"
+            for plural in (api.PLURAL, api.SUITE_PLURAL)
+        }
+        assert crds <= set(left) <= {*crds, f"namespace/{JOBS_NS}"}, left
         assert cluster.job_status(JOBS_NS, "first").get("state") == "Complete"
         # What the poller made for itself stays with its namespace until that goes.
         inside = cluster.kubectl("get", "secrets,leases", "-n", POLLER_NS, "-o", "name")
