@@ -33,6 +33,7 @@ from poller.decisions import attestation
 from poller.decisions import suites as decisions
 from poller.decisions.attestation import SignerView
 from poller.decisions.suites import ModelRevision, RunJob, SuiteObserved, SuiteView
+from poller.decisions.views import PodView
 from poller.jobpod import signer
 from poller.kube.client import Kube
 from poller.kube.errors import ApiError, Conflict, NotFound
@@ -167,7 +168,7 @@ class SuiteLoop:
             suite,
             runs=runs,
             model=model,
-            signers={run.name: self._signer(suite, run.name) for run in signing},
+            signers={run.name: self._signer(suite, run) for run in signing},
         )
         pinned = spec.baseline.pinned if spec is not None else None
         if pinned is not None and (wanted or decisions.may_start(observed, now)):
@@ -176,28 +177,27 @@ class SuiteLoop:
                 observed = replace(observed, pinned=RunJob.from_object(found))
         return observed
 
-    def _signer(self, suite: SuiteView, run_name: str) -> SignerView:
+    def _signer(self, suite: SuiteView, run: api.RunStatus) -> SignerView:
         """A run's signing pod: its phase, and on success its log's last lines.
-        A pod under the name without the poller's proof is not the signer (it is
-        never read or deleted); the suite waits for the name to be free."""
-        name = signer.signer_name(run_name)
+        Only a pod whose controller is the run and which carries the poller's
+        proof for it is the signer (as for job pods); any other pod under the
+        name is never read or deleted, and the suite waits for the name."""
+        name = signer.signer_name(run.name)
         found = self.kube.find_pod(suite.namespace, name)
         if found is None:
             return SignerView("")
-        meta = found.get("metadata") or {}
-        value = (meta.get("annotations") or {}).get(PROOF_ANNOTATION)
-        if self.proof().verify(value, suite.namespace, name, suite.uid) != RUN_PROOF_ATTEMPT:
+        pod = PodView.from_object(found, signer.SIGNER_CONTAINER, self.proof().attempt_of)
+        if pod.proof_attempt != RUN_PROOF_ATTEMPT or not run.uid or pod.owner_uid != run.uid:
             return SignerView("Pending", f"pod {name} is not the poller's signing pod")
-        status = found.get("status") or {}
-        phase = str(status.get("phase") or "Pending")
-        if phase == "Failed":
-            return SignerView(phase, _termination_message(status))
-        if phase != "Succeeded":
-            return SignerView(phase)
+        if pod.phase == "Failed":
+            said = pod.main.message.strip() or pod.main.reason or pod.message or pod.reason
+            return SignerView(pod.phase, f"{said} (exit code {pod.main.exit_code})"[:1024])
+        if pod.phase != "Succeeded":
+            return SignerView(pod.phase)
         tail = self.kube.read_log_tail(
             suite.namespace, name, signer.SIGNER_CONTAINER, SIGNER_LOG_LINES, SIGNER_LOG_BYTES
         )
-        return SignerView(phase, output=tail.data)
+        return SignerView(pod.phase, output=tail.data)
 
     def _model(self, namespace: str, trigger: api.ModelChangeTrigger) -> ModelRevision:
         name = trigger.inference_service.name
@@ -316,7 +316,8 @@ class SuiteLoop:
                 template=spec.template,
                 settings=self.settings(),
             )
-            self.kube.create_pod(self.proof().stamp(pod, suite.uid, RUN_PROOF_ATTEMPT))
+            # The proof binds the pod to its controller, the run (as a job pod's to its job).
+            self.kube.create_pod(self.proof().stamp(pod, run_uid, RUN_PROOF_ATTEMPT))
         for run_name, envelope_json in decision.sign_keep:
             run_uid = uids.get(run_name)
             if run_uid is not None:
@@ -327,15 +328,6 @@ class SuiteLoop:
                 )
         for run_name in decision.sign_clean:
             self.kube.delete_pod(suite.namespace, signer.signer_name(run_name))
-
-
-def _termination_message(status: dict[str, Any]) -> str:
-    for container in status.get("containerStatuses") or []:
-        terminated = (container.get("state") or {}).get("terminated") or {}
-        if terminated:
-            message = str(terminated.get("message") or terminated.get("reason") or "")
-            return f"{message.strip()} (exit code {terminated.get('exitCode')})"[:1024]
-    return str(status.get("message") or status.get("reason") or "")[:1024]
 
 
 def model_revision(inference_service: dict[str, Any]) -> str | None:
