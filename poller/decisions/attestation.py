@@ -125,27 +125,24 @@ def statement(
     }
 
 
-def _subject_of(statement_json: str) -> tuple[str, str]:
-    first = json.loads(statement_json)["subject"][0]
-    return str(first["name"]), str(first["digest"]["sha256"])
-
-
 def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def next_step(
-    run: api.RunStatus, signer: SignerView | None, statement_json: str | None
+    run: api.RunStatus, signer: SignerView | None, to_sign: Mapping[str, Any] | None
 ) -> SignStep:
     """The next step of `run`'s attestation, given its signing pod (None: not read).
 
-    `statement_json` is the statement to sign when signing starts."""
+    `to_sign` is the statement (`statement`) to sign when signing starts."""
     state = run.attestation.state if run.attestation is not None else None
+    statement_json = _canonical(to_sign) if to_sign is not None else None
     if state is None:
-        if statement_json is None:
+        if to_sign is None:
             return SignStep(None)
-        name, digest = _subject_of(statement_json)
-        started = api.AttestationStatus(state=SIGNING, subject=f"{name}@sha256:{digest}")
+        first = to_sign["subject"][0]
+        about = f"{first['name']}@sha256:{first['digest']['sha256']}"
+        started = api.AttestationStatus(state=SIGNING, subject=about)
         return SignStep(started, start=statement_json)
     if state != SIGNING or signer is None:
         return SignStep(None)

@@ -925,8 +925,7 @@ def _attest(observed: SuiteObserved, run: api.RunStatus, signing: _Signing) -> a
         run=run,
         provenance=provenance,
     )
-    text = json.dumps(statement, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    step = attestation.next_step(run, observed.signers.get(run.name), text)
+    step = attestation.next_step(run, observed.signers.get(run.name), statement)
     if step.start is not None:
         signing.start.append((run.name, step.start))
     if step.keep is not None:

@@ -146,8 +146,7 @@ class Signed:
             run=claimed or run,
             provenance={},
         )
-        text = json.dumps(statement, sort_keys=True, separators=(",", ":"))
-        started = attestation.next_step(run, None, text).status
+        started = attestation.next_step(run, None, statement).status
         assert started is not None and started.state == attestation.SIGNING
         signing = run.model_copy(update={"attestation": started})
         envelope = attest.sign_statement(statement, self.private_key)
