@@ -680,6 +680,9 @@ def _parser() -> _Parser:
         "beside its subject as cosign does; prints one JSON line.",
     )
     parser.add_argument("--statement", required=True, help="the statement's JSON file")
+    parser.add_argument(
+        "--statement-sha256", metavar="HEX", help="sign only a statement file of this digest"
+    )
     parser.add_argument("--key", required=True, help="the PEM private key (ECDSA P-256)")
     parser.add_argument("--password-file", help="the key's password (one trailing newline dropped)")
     parser.add_argument("--push", metavar="REF", help="registry/repository@sha256:<hex>")
@@ -697,10 +700,16 @@ def _parser() -> _Parser:
 
 def _run(argv: Sequence[str] | None) -> dict[str, object]:
     args = _parser().parse_args(argv)
+    text = _read(args.statement, MAX_STATEMENT, "the statement")
+    if args.statement_sha256 is not None and (
+        hashlib.sha256(text).hexdigest() != args.statement_sha256
+    ):
+        # The file is a ConfigMap of the namespace, which a co-tenant may replace;
+        # the digest comes with the pod's command, which nobody changes after
+        # admission: sign only the statement the poller wrote.
+        raise AttestError(f"the statement {args.statement} is not the one this pod was made for")
     try:
-        statement = parse_untrusted_json(
-            _read(args.statement, MAX_STATEMENT, "the statement"), _STATEMENT_LIMITS
-        )
+        statement = parse_untrusted_json(text, _STATEMENT_LIMITS)
     except UntrustedJsonError as exc:
         raise AttestError(f"the statement {args.statement}: {exc}") from None
     key = _read(args.key, MAX_KEY, "the key")

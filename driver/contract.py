@@ -242,6 +242,7 @@ def attest_argv(
     *,
     statement: str,
     key: str,
+    statement_sha256: str | None = None,
     password_file: str | None = None,
     push: str | None = None,
     registry_credentials: str | None = None,
@@ -256,6 +257,8 @@ def attest_argv(
         _option("--statement", statement),
         _option("--key", key),
     ]
+    if statement_sha256 is not None:
+        argv.append(_option("--statement-sha256", statement_sha256))
     if password_file is not None:
         argv.append(_option("--password-file", password_file))
     if push is not None:

@@ -315,6 +315,7 @@ class SuiteLoop:
                 attestation=spec.attestation,
                 template=spec.template,
                 settings=self.settings(),
+                statement_json=statement_json,
             )
             # The proof binds the pod to its controller, the run (as a job pod's to its job).
             self.kube.create_pod(self.proof().stamp(pod, run_uid, RUN_PROOF_ATTEMPT))

@@ -18,6 +18,7 @@ Pure: manifests only.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from driver import protocol
@@ -109,8 +110,11 @@ def signer_pod(
     attestation: api.Attestation,
     template: api.LMEvalJobSpec,
     settings: Settings,
+    statement_json: str,
 ) -> dict[str, Any]:
-    """The signing pod: the job image running ``python -m driver.attest``."""
+    """The signing pod: the job image running ``python -m driver.attest``. The
+    statement's digest is in its command: the ConfigMap it reads the statement
+    from is the namespace's, and the pod signs nothing else."""
     key = attestation.signing_key
     items = [{"key": key.key, "path": "key"}]
     if attestation.password_key is not None:
@@ -147,6 +151,7 @@ def signer_pod(
     command = protocol.attest_argv(
         statement=f"{_STATEMENT_DIR}/{STATEMENT_KEY}",
         key=f"{_KEY_DIR}/key",
+        statement_sha256=hashlib.sha256(statement_json.encode()).hexdigest(),
         password_file=f"{_KEY_DIR}/password" if attestation.password_key else None,
         push=push.reference if push is not None else None,
         registry_credentials=credentials,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import subprocess
 import sys
@@ -397,3 +398,27 @@ def test_without_cryptography_statements_still_build_and_signing_says_why(tmp_pa
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert "`cryptography`" in line and "lmeval-driver[eval,attest]" in line, line
+
+
+def test_the_command_signs_only_the_statement_its_pod_was_made_for(tmp_path: Path) -> None:
+    """The statement file is a ConfigMap of the namespace, which a co-tenant may
+    replace; the digest in the pod's command decides what may be signed."""
+    statement = tmp_path / "statement.json"
+    statement.write_text(json.dumps(_statement()))
+    key = tmp_path / "key.pem"
+    private, public = _pair()
+    key.write_bytes(private)
+    wanted = hashlib.sha256(statement.read_bytes()).hexdigest()
+    signed = _command(
+        tmp_path, "--statement", str(statement), "--key", str(key), "--statement-sha256", wanted
+    )
+    assert signed.returncode == 0, signed.stderr
+    envelope = json.loads(signed.stdout)["envelope"]
+    assert attest.verify_envelope(envelope, public) == _statement()
+    # A co-tenant's statement in its place: nothing is signed.
+    statement.write_text(json.dumps({**_statement(), "predicate": {"verdict": "Passed"}}))
+    refused = _command(
+        tmp_path, "--statement", str(statement), "--key", str(key), "--statement-sha256", wanted
+    )
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "is not the one this pod was made for" in refused.stderr

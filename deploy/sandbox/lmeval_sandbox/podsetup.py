@@ -14,7 +14,8 @@ the pod lifecycle and the set-up as the set-up:
   (service account tokens included) are files; every other mount of a
   volume, and every ``subPath`` mount, is a symlink to it;
 * configMap file contents get their mapped container paths rewritten to
-  local paths (a task YAML's absolute ``data_files`` path);
+  local paths (a task YAML's absolute ``data_files`` path), but for ``.json``
+  files, which stay byte for byte;
 * a kwok ``Logs`` object, owned by the pod, serves the log file of each
   container, so ``kubectl logs`` works as on a real node;
 * a container's environment is built as the kubelet builds it: ``envFrom``,
@@ -294,8 +295,12 @@ class PodSetup:
                     raise ConfigError(f'{kind} "{name}" has no key {item["key"]!r}')
             files = chosen
         if kind == "configMap":
-            # Task files name their data by absolute in-pod paths.
+            # Task files name their data by absolute in-pod paths. A JSON document
+            # is data and stays byte for byte (a suite's statement is signed only
+            # if its digest is the one in the signing pod's command).
             for rel, data in files.items():
+                if rel.endswith(".json"):
+                    continue
                 with contextlib.suppress(UnicodeDecodeError):
                     files[rel] = pod.mapper.rewrite(data.decode("utf-8")).encode("utf-8")
         return files
