@@ -8,7 +8,7 @@
 # setup.sh runs it when it can; run it by hand (as root) otherwise.
 set -euo pipefail
 packages=(
-    containerd runc containernetworking-plugins docker-registry
+    containerd runc containernetworking-plugins docker-registry dnsmasq-base
     buildah skopeo mmdebstrap busybox-static gcc libc6-dev
     iptables conntrack
     zsh fish

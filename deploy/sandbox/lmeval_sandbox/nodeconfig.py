@@ -30,6 +30,9 @@ sandbox's node departs from a kubeadm node, and why.
 - **No CAP_SYS_RESOURCE.** Root on these machines lacks it, so containerd
   clamps the OOM score adjustments the kubelet asks for
   (``restrict_oom_score_adj``) instead of failing every pod sandbox.
+- **DNS.** No CoreDNS: Debian's dnsmasq on `NODE_IP` answers
+  ``<service>.<namespace>.svc.cluster.local`` from the Services
+  (`lmeval_sandbox.servicedns`), and the kubelet's ``clusterDNS`` names it.
 - **Logs.** ``containerLogMaxSize`` is a parameter: the end-to-end suite sets
   it small to prove that results survive CRI log rotation.
 
@@ -248,6 +251,8 @@ def kubelet_config(
         # The smallest interval the kubelet accepts: rotation shows up soon.
         "containerLogMonitorInterval": "3s",
         "resolvConf": "/etc/resolv.conf",
+        # The node's dnsmasq answers Services' names (`lmeval_sandbox.servicedns`).
+        "clusterDNS": [NODE_IP],
         "clusterDomain": "cluster.local",
         "maxPods": 60,
         "serializeImagePulls": False,

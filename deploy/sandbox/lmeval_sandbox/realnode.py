@@ -1,4 +1,4 @@
-"""A real node beside kwok: containerd, runc, CNI, a kubelet and kube-proxy.
+"""A real node beside kwok: containerd, runc, CNI, a kubelet, kube-proxy and cluster DNS.
 
 kwok's stages and the local runner are our imitation of a kubelet; this
 module starts the real one, built from the same Kubernetes pin as the
@@ -29,7 +29,9 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
@@ -38,7 +40,7 @@ from typing import IO, Any
 
 import grpc
 
-from lmeval_sandbox import build, nodecleanup, nodeconfig
+from lmeval_sandbox import build, nodecleanup, nodeconfig, servicedns
 from lmeval_sandbox.controlplane import ControlPlane, ControlPlaneError
 from lmeval_sandbox.nodeconfig import BRIDGE, NODE_IP, NODE_NAME, POD_SUBNET, NodePorts
 from lmeval_sandbox.pki import issue_cert
@@ -58,6 +60,7 @@ PREREQUISITES = {
     "/usr/bin/skopeo": "skopeo",
     "/usr/sbin/iptables": "iptables",
     "/usr/sbin/conntrack": "conntrack",
+    "/usr/sbin/dnsmasq": "dnsmasq-base",
 }
 _FIREWALL_RULE = [
     "FORWARD",
@@ -73,6 +76,14 @@ _FIREWALL_RULE = [
     "-j",
     "DROP",
 ]
+
+
+def _tcp_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 class RealNodeError(ControlPlaneError):
@@ -166,6 +177,7 @@ class RealNode:
             for directory in (self.logs_dir, self.containerd_root, self.registry_storage):
                 directory.mkdir(parents=True, exist_ok=True)
             self._timed("network", self._start_network)
+            self._timed("dns", lambda: self._start_dns(timeout))
             self._timed("registry", lambda: self._start_registry(timeout))
             self._timed("images", lambda: self._push(images))
             self._timed("containerd", lambda: self._start_containerd(self.image(pause), timeout))
@@ -190,7 +202,7 @@ class RealNode:
             subprocess.run([self._bin("kube-proxy"), "--cleanup"], capture_output=True, timeout=60)
         nodecleanup.kill_cgroup_tree("kubepods")
         self._remove_containers()
-        for name in ("containerd", "registry"):
+        for name in ("containerd", "registry", "service-dns", "dns"):
             if name in pids:
                 terminate(int(pids[name]))
         nodecleanup.kill_shims(self.socket)
@@ -341,6 +353,25 @@ class RealNode:
         terminate(process.pid)
         process.wait(timeout=10)
         self._start_kubelet(timeout)
+
+    def _start_dns(self, timeout: float) -> None:
+        """dnsmasq on the bridge and the Service sync that feeds it (`servicedns`)."""
+        hosts = self.workdir / "dns-hosts"
+        hosts.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "service-dns",
+            [
+                sys.executable,
+                "-m",
+                "lmeval_sandbox.servicedns",
+                f"--kubeconfig={self.plane.kubeconfig}",
+                f"--hosts-dir={hosts}",
+            ],
+        )
+        self._spawn("dns", servicedns.dnsmasq_argv(NODE_IP, hosts))
+        listed = hosts / servicedns.HOSTS_FILE
+        self._wait_until("service-dns", listed.exists, timeout)
+        self._wait_until("dns", lambda: _tcp_open(NODE_IP, 53), timeout)
 
     def _start_kube_proxy(self, timeout: float) -> None:
         pki = self.plane.pki
