@@ -97,12 +97,15 @@ FROM python-base AS job
 COPY --from=build ${WHEELS} ${WHEELS}
 # The driver's `eval` extra pins lm-eval with its API models; its `attest` extra
 # adds `cryptography` (about 18 MB with cffi), which driver.attest signs a
-# suite's verdict with in the pod (driver/pyproject.toml).
+# suite's verdict with in the pod; its `mlflow` extra adds MLflow's client,
+# mlflow-skinny (about 91 MB over lm-eval's dependencies: opentelemetry,
+# databricks-sdk, fastapi, protobuf...), which driver.mlflowexport logs a run
+# to a tracking server with (driver/pyproject.toml).
 # (DL3013 asks for pinned names; this is a local wheel whose extras pin them.)
 # hadolint ignore=DL3013
 RUN python -m venv "${VIRTUAL_ENV}" \
     && set -- "${WHEELS}"/lmeval_driver-*.whl \
-    && pip install "$1[eval,attest]" \
+    && pip install "$1[eval,attest,mlflow]" \
     && rm -rf "${WHEELS}"
 # The only writable paths; group 0 may write them whatever the UID.
 ENV HOME=/tmp \

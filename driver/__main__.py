@@ -12,6 +12,8 @@ Three forms::
     lmeval-driver decode [FILE]                    what the poller sees in a log
     lmeval-driver release [--output-root DIR]      end an exec-mode hold early
     lmeval-driver fetch-s3 --dest DIR --path P     copy an S3 prefix (init container)
+    lmeval-driver ca-bundle --out FILE             one PEM file of every trusted CA
+                                                   (init container of Git sources)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import NoReturn
 
 from driver import __version__
 from driver.contract import (
+    CMD_CA_BUNDLE,
     CMD_DECODE,
     CMD_FETCH_S3,
     CMD_RELEASE,
@@ -101,6 +104,7 @@ def _run_parser() -> argparse.ArgumentParser:
     _add_run_options(parser)
     _add_source_options(parser)
     _add_oci_options(parser)
+    _add_mlflow_options(parser)
     return parser
 
 
@@ -191,6 +195,53 @@ def _add_oci_options(parser: argparse.ArgumentParser) -> None:
         default="https",
         help="http only for a loopback registry (default: %(default)s)",
     )
+    parser.add_argument(
+        option_flag("oci_ca_bundle"),
+        metavar="FILE",
+        help="PEM certificates of CAs to trust for the registry, besides the image's own "
+        "and the cluster's ($LMEVAL_CLUSTER_CA_BUNDLES)",
+    )
+    parser.add_argument(
+        option_flag("oci_tls"),
+        choices=("verify", "insecure"),
+        default="verify",
+        help="insecure: do not verify the registry's certificate (default: %(default)s)",
+    )
+
+
+def _add_mlflow_options(parser: argparse.ArgumentParser) -> None:
+    """Logging the evaluation to an MLflow tracking server after a completed run."""
+    parser.add_argument(
+        option_flag("mlflow_tracking_uri"),
+        metavar="URI",
+        help="after a completed run, log it to this MLflow tracking server with MLflow's "
+        "client (params, metrics, the results, per-item scores and provenance as "
+        "artifacts) and report the run in the final marker",
+    )
+    parser.add_argument(
+        option_flag("mlflow_experiment"),
+        metavar="NAME",
+        help="the experiment of the run, created when missing (default: %(default)s)",
+        default="Default",
+    )
+    parser.add_argument(option_flag("mlflow_run_name"), metavar="NAME", help="the run's name")
+    parser.add_argument(
+        option_flag("mlflow_tags"),
+        metavar="JSON",
+        help='tags of the run, a JSON object of strings ({"key": "value", ...})',
+    )
+    parser.add_argument(
+        option_flag("mlflow_credentials"),
+        metavar="DIR",
+        help="a directory with the server's credentials, read after the run: files "
+        "username and password (HTTP Basic), or token (Bearer)",
+    )
+    parser.add_argument(
+        option_flag("mlflow_ca_bundle"),
+        metavar="FILE",
+        help="PEM certificates of CAs to trust for the server, besides the image's own "
+        "and the cluster's",
+    )
 
 
 def _decode(argv: Sequence[str]) -> int:
@@ -251,7 +302,10 @@ def parse_run_options(args: Sequence[str]) -> RunOptions:
         parser.error(f"missing '{END_OF_OPTIONS} <lm_eval command...>'")
     given = {field: getattr(parsed, field) for field in RunArgs._fields}
     plain_http = given.pop("oci_scheme") == "http"
-    return RunOptions(child_argv=child_argv, oci_plain_http=plain_http, **given)
+    verify_tls = given.pop("oci_tls") != "insecure"
+    return RunOptions(
+        child_argv=child_argv, oci_plain_http=plain_http, oci_verify_tls=verify_tls, **given
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -265,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from driver import s3fetch
 
         return s3fetch.main(args[1:])
+    if args and args[0] == CMD_CA_BUNDLE:
+        from driver import trust
+
+        return trust.main(args[1:])
     return Run(parse_run_options(args)).execute()
 
 

@@ -22,6 +22,7 @@ from typing import Final, NamedTuple
 __all__ = [
     "ATTESTATION_PREDICATE_TYPE",
     "ATTEST_MODULE",
+    "CMD_CA_BUNDLE",
     "CMD_DECODE",
     "CMD_FETCH_S3",
     "CMD_RELEASE",
@@ -29,6 +30,7 @@ __all__ = [
     "DRIVER_PROGRAM",
     "END_OF_OPTIONS",
     "ENV_CA_BUNDLE",
+    "ENV_CLUSTER_CA_BUNDLES",
     "ENV_OUTPUT_ROOT",
     "ENV_RUN_ID",
     "ENV_SAFE_PATH",
@@ -51,6 +53,7 @@ __all__ = [
     "SHARD_MODULE",
     "RunArgs",
     "attest_argv",
+    "ca_bundle_argv",
     "driver_command",
     "fetch_s3_argv",
     "option_flag",
@@ -93,6 +96,7 @@ DRIVER_MODULE = "driver"
 CMD_DECODE = "decode"
 CMD_RELEASE = "release"
 CMD_FETCH_S3 = "fetch-s3"
+CMD_CA_BUNDLE = "ca-bundle"
 END_OF_OPTIONS = "--"
 
 
@@ -120,11 +124,26 @@ class RunArgs(NamedTuple):
     # spec.outputs.oci: push the results to host[:port]/path:tag after the run
     # (driver.ocipush), optionally attached to the manifest digest oci_subject,
     # with the credentials of a .dockerconfigjson file; oci_scheme="http" only
-    # for a loopback registry.
+    # for a loopback registry; oci_ca_bundle: the registry's own CAs (a PEM
+    # file, beside the image's and the cluster's), oci_tls="insecure" when the
+    # poller allowed the job to skip verifying the registry's certificate.
     oci_push: str | None = None
     oci_subject: str | None = None
     oci_auth: str | None = None
     oci_scheme: str | None = None
+    oci_ca_bundle: str | None = None
+    oci_tls: str | None = None
+    # spec.outputs.mlflow: log the run to the tracking server mlflow_tracking_uri
+    # after the run (driver.mlflowexport), in experiment mlflow_experiment, as
+    # run mlflow_run_name with the tags of the JSON object mlflow_tags; the
+    # credentials are files of the directory mlflow_credentials (username,
+    # password, token), mlflow_ca_bundle the server's own CAs (a PEM file).
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str | None = None
+    mlflow_run_name: str | None = None
+    mlflow_tags: str | None = None
+    mlflow_credentials: str | None = None
+    mlflow_ca_bundle: str | None = None
 
 
 def option_flag(field: str) -> str:
@@ -143,6 +162,10 @@ ENV_RUN_ID = "LMEVAL_RUN_ID"
 # driver adds it to the image's own and points the child's HTTP clients at
 # the result (driver.trust).
 ENV_CA_BUNDLE = "LMEVAL_CA_BUNDLE"
+# The PEM files of the cluster's CA bundles (the poller setting
+# trusted-ca-bundles), ':'-separated, each <dir>/<ConfigMap>/<key> and
+# optional: every TLS client of the pod trusts them too (driver.trust).
+ENV_CLUSTER_CA_BUNDLES = "LMEVAL_CLUSTER_CA_BUNDLES"
 # Where a shard writes its termination message when not /dev/termination-log
 # (the sandbox's local runner, which plays the kubelet, sets it per container).
 ENV_TERMINATION_LOG = "LMEVAL_TERMINATION_LOG"
@@ -181,11 +204,31 @@ def release_argv(command: Sequence[str], output_root: str | None = None) -> list
 
 
 def fetch_s3_argv(
-    command: Sequence[str], dest: str, path: str, verify_ssl: bool = True
+    command: Sequence[str],
+    dest: str,
+    path: str,
+    verify_ssl: bool = True,
+    ca_bundle: str | None = None,
 ) -> list[str]:
-    """The argv that copies S3 prefix `path` into `dest` (the fetch-storage init container)."""
+    """The argv that copies S3 prefix `path` into `dest` (the fetch-storage init
+    container); `ca_bundle`: the endpoint's own CAs, a PEM file."""
     argv = [*command, CMD_FETCH_S3, _option("--dest", dest), _option("--path", path)]
+    if ca_bundle is not None:
+        argv.append(_option("--ca-bundle", ca_bundle))
     return argv if verify_ssl else [*argv, "--no-verify-ssl"]
+
+
+def ca_bundle_argv(
+    command: Sequence[str], out: str, ca_bundle: str | None = None, field: str | None = None
+) -> list[str]:
+    """The argv that writes one PEM file `out` with the image's, the cluster's and
+    `ca_bundle`'s authorities (`field`: the spec field that gave `ca_bundle`)."""
+    argv = [*command, CMD_CA_BUNDLE, _option("--out", out)]
+    if ca_bundle is not None:
+        argv.append(_option("--ca-bundle", ca_bundle))
+    if field is not None:
+        argv.append(_option("--field", field))
+    return argv
 
 
 # Sharded jobs (spec.parallelism N above 1): each shard pod's driver runs

@@ -79,6 +79,11 @@ class Outcome:
     # or why the push failed.
     results_artifact: str | None = None
     results_artifact_error: str | None = None
+    # spec.outputs.mlflow: the run logged (its ID, page and experiment), or why not.
+    mlflow_run_id: str | None = None
+    mlflow_run_url: str | None = None
+    mlflow_experiment_id: str | None = None
+    mlflow_error: str | None = None
     # Per-item scores (driver.itemscores): why they are not in the log, and
     # the file that holds them in the pod (the outputs claim when mounted).
     items_note: str | None = None
@@ -382,6 +387,10 @@ class LogDecoder:
             ),
             results_artifact=final.get("results_artifact"),
             results_artifact_error=final.get("results_artifact_error"),
+            mlflow_run_id=final.get("mlflow_run_id"),
+            mlflow_run_url=final.get("mlflow_run_url"),
+            mlflow_experiment_id=final.get("mlflow_experiment_id"),
+            mlflow_error=final.get("mlflow_error"),
             items_note=final.get("items_note"),
             items_path=final.get("items_path"),
             driver_version=final.get("driver_version"),

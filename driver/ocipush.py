@@ -19,6 +19,11 @@ the distribution API of its own:
   asked with those credentials if any, for ``repository:<name>:pull,push``).
 
 Plain HTTP is used only when asked, and only for a loopback registry.
+HTTPS verifies the registry's certificate against the image's authorities,
+the cluster's CA bundles (the poller setting ``trusted-ca-bundles``) and
+the registry's own (``spec.outputs.oci.caBundle``), through
+`driver.trust`; a failure names the field to fix. Verification is off only
+when the job asked (``verifySSL: false``) and the poller allowed it.
 
 The client (`Client`, `open_client`) and its blob and manifest requests are
 public: ``driver.attest`` pushes signed verdicts to the same registries with
@@ -31,12 +36,15 @@ import base64
 import hashlib
 import json
 import re
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.message import Message
+
+from driver import trust
 
 __all__ = [
     "ARTIFACT_TYPE",
@@ -53,6 +61,7 @@ __all__ = [
     "digest_of",
     "get_manifest",
     "open_client",
+    "opener",
     "parse_challenge",
     "parse_digest_reference",
     "parse_reference",
@@ -86,6 +95,9 @@ _REFERENCE = re.compile(rf"^({_HOST})/({_PATH})(?::({_TAG}))?$")
 _AT_DIGEST = re.compile(rf"^({_HOST})/({_PATH})@(sha256:[a-f0-9]{{64}})$")
 DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+# The spec field a push serves, and the one of the registry's own CAs.
+WHERE = "spec.outputs.oci"
+CA_FIELD = f"{WHERE}.caBundle"
 
 
 class OciError(Exception):
@@ -200,6 +212,11 @@ class Client:
     basic: str | None  # base64 user:password, if the Secret had some
     authorization: str | None = None
     tried: set[str] = field(default_factory=set)
+    # How requests are made (`opener`: the TLS context, no redirects), and the
+    # spec field a certificate failure names (None: the error as it is, for
+    # pushes that serve another field, as driver.attest's).
+    transport: urllib.request.OpenerDirector = field(default_factory=lambda: _DEFAULT_OPENER)
+    where: str | None = None
 
     def url(self, path: str) -> str:
         return f"{self.scheme}://{self.ref.registry}{path}"
@@ -221,7 +238,7 @@ class Client:
             if self.authorization is not None:
                 req.add_header("Authorization", self.authorization)
             try:
-                with _OPENER.open(req, timeout=TIMEOUT) as resp:
+                with self.transport.open(req, timeout=TIMEOUT) as resp:
                     if limit is None:
                         return resp.status, resp.headers, resp.read()
                     body = resp.read(limit + 1)
@@ -241,8 +258,14 @@ class Client:
                     ) from None
                 break
             except (urllib.error.URLError, OSError) as exc:
-                raise OciError(f"{method} {url}: {exc}") from None
+                raise OciError(self._unreachable(method, url, exc)) from None
         raise OciError(f"{method} {url}: HTTP 401, the registry refused the credentials")
+
+    def _untrusted(self, peer: str, exc: BaseException) -> str | None:
+        return None if self.where is None else trust.untrusted_message(self.where, peer, exc)
+
+    def _unreachable(self, method: str, url: str, exc: BaseException) -> str:
+        return self._untrusted("the registry", exc) or f"{method} {url}: {exc}"
 
     def _authenticate(self, header: str | None) -> bool:
         """Answer a 401's challenge; False when there is nothing (new) to try."""
@@ -275,10 +298,11 @@ class Client:
         if self.basic is not None:
             req.add_header("Authorization", f"Basic {self.basic}")
         try:
-            with _OPENER.open(req, timeout=TIMEOUT) as resp:
+            with self.transport.open(req, timeout=TIMEOUT) as resp:
                 body = json.loads(resp.read(MAX_MANIFEST))
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise OciError(f"token from {realm}: {exc}") from None
+            untrusted = self._untrusted("the registry's token service", exc)
+            raise OciError(untrusted or f"token from {realm}: {exc}") from None
         token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
         if not isinstance(token, str) or not token:
             raise OciError(f"token from {realm}: no token in the answer")
@@ -291,7 +315,13 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect())
+def opener(context: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
+    """An opener that follows no redirect and verifies HTTPS with `context`
+    (None: Python's default context)."""
+    return urllib.request.build_opener(_NoRedirect(), urllib.request.HTTPSHandler(context=context))
+
+
+_DEFAULT_OPENER: urllib.request.OpenerDirector = opener()
 
 
 def push_blob(client: Client, data: bytes) -> None:
@@ -363,10 +393,17 @@ def describe_manifest(client: Client, digest: str) -> tuple[str, str, int]:
     return media_type, digest, len(body)
 
 
-def open_client(ref: Reference, *, docker_config: str | None, plain_http: bool) -> Client:
-    """A client for `ref`'s repository: HTTPS, or plain HTTP to a loopback
-    registry only; the Basic credentials of `ref`'s registry in the
-    ``.dockerconfigjson`` at `docker_config`, if given."""
+def open_client(
+    ref: Reference,
+    *,
+    docker_config: str | None,
+    plain_http: bool,
+    context: ssl.SSLContext | None = None,
+) -> Client:
+    """A client for `ref`'s repository: HTTPS (verified with `context`, else
+    Python's default), or plain HTTP to a loopback registry only; the Basic
+    credentials of `ref`'s registry in the ``.dockerconfigjson`` at
+    `docker_config`, if given."""
     if plain_http and ref.host not in LOOPBACK:
         raise OciError(f"plain HTTP is allowed only to a loopback registry, not {ref.registry}")
     basic = None
@@ -379,7 +416,10 @@ def open_client(ref: Reference, *, docker_config: str | None, plain_http: bool) 
         if not isinstance(config, dict):
             raise OciError(f"registry credentials {docker_config}: not a JSON object")
         basic = basic_credentials(config, ref.registry)
-    return Client(ref, "http" if plain_http else "https", basic)
+    client = Client(ref, "http" if plain_http else "https", basic)
+    if context is not None:
+        client.transport = opener(context)
+    return client
 
 
 def push_results(
@@ -390,15 +430,26 @@ def push_results(
     subject: str | None = None,
     docker_config: str | None = None,
     plain_http: bool = False,
+    ca_bundle: str | None = None,
+    verify_tls: bool = True,
 ) -> str:
     """Push the artifact; returns ``<registry>/<repository>@sha256:...``.
 
-    `docker_config` is the path of a ``.dockerconfigjson`` (optional).
+    `docker_config` is the path of a ``.dockerconfigjson`` (optional);
+    `ca_bundle` a PEM file of the registry's own CAs, trusted besides the
+    image's and the cluster's; `verify_tls` False verifies no certificate.
     """
     ref = parse_reference(reference)
     if subject is not None and not DIGEST.match(subject):
         raise OciError(f"subject must be a sha256 digest: {subject!r}")
-    client = open_client(ref, docker_config=docker_config, plain_http=plain_http)
+    context = None
+    if not plain_http:
+        try:
+            context = trust.ssl_context(ca_bundle, CA_FIELD, verify=verify_tls)
+        except trust.TrustError as exc:
+            raise OciError(str(exc)) from None
+    client = open_client(ref, docker_config=docker_config, plain_http=plain_http, context=context)
+    client.where = WHERE
     described = describe_manifest(client, subject) if subject is not None else None
     for blob in (EMPTY_CONFIG, results, provenance):
         push_blob(client, blob)

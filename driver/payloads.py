@@ -120,6 +120,12 @@ class FinalDetails(TypedDict, total=False):
     # completed with --oci-push: the artifact pushed, or why the push failed
     results_artifact: str  # <registry>/<repository>@sha256:<hex>
     results_artifact_error: str
+    # completed with --mlflow-tracking-uri: the run logged (its ID, 32 hex
+    # digits; its page, the tracking URI's; its experiment), or why not
+    mlflow_run_id: str
+    mlflow_run_url: str
+    mlflow_experiment_id: str
+    mlflow_error: str
     # completed with per-item scores (lm_eval's samples): the `items` markers
     # sent after the results (0 when they are not in the log), the file, why not
     items_chunks: int

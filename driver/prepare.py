@@ -34,6 +34,7 @@ from driver.contract import (
     DRIVER_PROGRAM,
     END_OF_OPTIONS,
     ENV_CA_BUNDLE,
+    ENV_CLUSTER_CA_BUNDLES,
     ENV_SAFE_PATH,
     OPT_OUTPUT_ROOT,
 )
@@ -72,6 +73,14 @@ class RunOptions:
         oci_subject: str | None = None,
         oci_auth: str | None = None,
         oci_plain_http: bool = False,
+        oci_ca_bundle: str | None = None,
+        oci_verify_tls: bool = True,
+        mlflow_tracking_uri: str | None = None,
+        mlflow_experiment: str = "Default",
+        mlflow_run_name: str | None = None,
+        mlflow_tags: str | None = None,
+        mlflow_credentials: str | None = None,
+        mlflow_ca_bundle: str | None = None,
     ) -> None:
         self.child_argv = list(child_argv)
         self.output_root = output_root
@@ -86,6 +95,14 @@ class RunOptions:
         self.oci_subject = oci_subject
         self.oci_auth = oci_auth
         self.oci_plain_http = oci_plain_http
+        self.oci_ca_bundle = oci_ca_bundle
+        self.oci_verify_tls = oci_verify_tls
+        self.mlflow_tracking_uri = mlflow_tracking_uri
+        self.mlflow_experiment = mlflow_experiment
+        self.mlflow_run_name = mlflow_run_name
+        self.mlflow_tags = mlflow_tags
+        self.mlflow_credentials = mlflow_credentials
+        self.mlflow_ca_bundle = mlflow_ca_bundle
 
 
 class Preparation:
@@ -152,17 +169,35 @@ class Preparation:
             except OSError as exc:
                 return f"cannot open log copy {self.opts.log_copy}: {exc}"
             self.sink = Sink(self._stdout_fd, self._stderr_fd, self.log_copy)
-        extra_ca = os.environ.get(ENV_CA_BUNDLE)
-        if extra_ca:
-            from driver import trust
+        if problem := self._trust():
+            return problem
+        if self.opts.hub_datasets:
+            return self._hub_view(self.opts.hub_datasets)
+        return None
 
+    def _trust(self) -> str | None:
+        """lm_eval's trust store (the model endpoint's CA and the cluster's bundles
+        added to the image's), and the registry's CA checked before the run spends
+        its evaluation: the first problem, naming its field."""
+        model_ca = os.environ.get(ENV_CA_BUNDLE) or None
+        cluster = bool(os.environ.get(ENV_CLUSTER_CA_BUNDLES))
+        registry_ca = self.opts.oci_ca_bundle if self.opts.oci_push else None
+        if model_ca is None and not cluster and registry_ca is None:
+            return None
+        from driver import trust
+
+        if model_ca is not None or cluster:
             temp = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - an emptyDir in the pod
-            bundle, problem = trust.combined_bundle(extra_ca, temp, self.run_id)
+            bundle, problem = trust.combined_bundle(
+                model_ca, temp, self.run_id, note=self.sink.note
+            )
             if bundle is None:
                 return problem
             self.child_env = trust.child_env(bundle, self.child_env)
-        if self.opts.hub_datasets:
-            return self._hub_view(self.opts.hub_datasets)
+        if registry_ca is not None:
+            from driver.ocipush import CA_FIELD
+
+            return trust.check_bundle(registry_ca, CA_FIELD)
         return None
 
     def _hub_view(self, hub_cache: str) -> str | None:

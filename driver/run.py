@@ -58,7 +58,8 @@ PUMP_JOIN_TIMEOUT = 5.0
 # How a child's failed certificate verification is reported (driver.trust).
 TLS_FAILURE = (
     "TLS verification of the model endpoint failed (its certificate is not signed by a CA the "
-    "evaluation trusts: name the CA in spec.modelTLS.caBundle)"
+    "evaluation trusts: name the CA in spec.modelTLS.caBundle, or ask for it in the poller "
+    "setting trusted-ca-bundles)"
 )
 # Tick of the main loop while waiting for the child or the hold; signals do
 # their work in the handler, so this only bounds deadline checks.
@@ -383,9 +384,10 @@ class Run:
         from driver.samples import prepare_items
 
         # Everything slow first (the model server's identity, the per-item
-        # scores, the OCI push), then the results, items and final markers
-        # back to back: a kubelet that rotates the log in between would leave
-        # `kubectl logs` (the current file only) with a final marker and no results.
+        # scores, the OCI push, the MLflow export), then the results, items
+        # and final markers back to back: a kubelet that rotates the log in
+        # between would leave `kubectl logs` (the current file only) with a
+        # final marker and no results.
         models = self._server_models()
         items, found = prepare_items(source, self.run_dir, self.run_id, models, self.sink)
         details.update(found)
@@ -395,17 +397,16 @@ class Run:
             details["shards"] = shards
         if self.opts.oci_push is not None:
             details.update(self._push(raw, details))
+        if self.opts.mlflow_tracking_uri is not None:
+            details.update(self._export(raw, details))
         for line in (*chunks, *items):
             self.sink.marker(line)
         return self._final(EVENT_COMPLETED, EXIT_OK, "lm_eval completed", None, **details)
 
-    def _push(self, raw: bytes, details: FinalDetails) -> FinalDetails:
-        """Push the results to the OCI registry (spec.outputs.oci); never raises."""
+    def _provenance_document(self, raw: bytes, details: FinalDetails) -> bytes:
+        """The run's provenance JSON that goes beside the results to a registry or MLflow."""
         import json
 
-        from driver import ocipush
-
-        assert self.opts.oci_push is not None
         kept = ("run_id", "driver_version", "lm_eval_version", "argv", "python", "task_sources")
         started = dict(self.started_fields or {})
         provenance: dict[str, object] = {key: started[key] for key in kept if key in started}
@@ -416,14 +417,23 @@ class Run:
             results_sha256=details.get("results_sha256"),
             results_size=len(raw),
         )
+        return json.dumps(provenance, sort_keys=True).encode()
+
+    def _push(self, raw: bytes, details: FinalDetails) -> FinalDetails:
+        """Push the results to the OCI registry (spec.outputs.oci); never raises."""
+        from driver import ocipush
+
+        assert self.opts.oci_push is not None
         try:
             artifact = ocipush.push_results(
                 self.opts.oci_push,
                 raw,
-                json.dumps(provenance, sort_keys=True).encode(),
+                self._provenance_document(raw, details),
                 subject=self.opts.oci_subject,
                 docker_config=self.opts.oci_auth,
                 plain_http=self.opts.oci_plain_http,
+                ca_bundle=self.opts.oci_ca_bundle,
+                verify_tls=self.opts.oci_verify_tls,
             )
         except Exception as exc:  # the evaluation is not lost to a failed push
             message = (
@@ -433,6 +443,35 @@ class Run:
             return {"results_artifact_error": message[:1000]}
         self.sink.note(f"results pushed to {artifact}")
         return {"results_artifact": artifact}
+
+    def _export(self, raw: bytes, details: FinalDetails) -> FinalDetails:
+        """Log the run to MLflow (spec.outputs.mlflow); never raises."""
+        from driver import mlflowexport
+
+        assert self.opts.mlflow_tracking_uri is not None
+        request = mlflowexport.ExportRequest(
+            tracking_uri=self.opts.mlflow_tracking_uri,
+            experiment=self.opts.mlflow_experiment,
+            run_name=self.opts.mlflow_run_name,
+            tags=self.opts.mlflow_tags,
+            credentials=self.opts.mlflow_credentials,
+            ca_bundle=self.opts.mlflow_ca_bundle,
+        )
+        started = self.started_fields
+        return mlflowexport.export_run(
+            request,
+            raw,
+            child_argv=self.opts.child_argv,
+            versions={
+                "lm_eval_version": started["lm_eval_version"] if started else None,
+                "driver_version": __version__,
+            },
+            run_id=self.run_id,
+            provenance=self._provenance_document(raw, details),
+            items_path=details.get("items_path"),
+            temp_dir=os.environ.get("TMPDIR") or "/tmp",  # noqa: S108 - an emptyDir in the pod
+            note=self.sink.note,
+        )
 
     def _hold(self) -> None:
         """Exec mode: stay alive until released, timed out, or signalled."""

@@ -16,6 +16,14 @@ Secrets: ``S3_ENDPOINT`` (an ``http://`` or ``https://`` URL, nothing else),
 Keys are copied below the destination relative to the prefix; a key that
 would leave the destination (``..``, empty segments) is refused, and so is
 a bucket name that is not one.
+
+An ``https://`` endpoint's certificate is verified against the image's
+authorities, the cluster's CA bundles (the poller setting
+``trusted-ca-bundles``) and the endpoint's own (``--ca-bundle``, from
+``spec.offline.storage.s3.caBundle``), all through `driver.trust`; a
+failure names the field to fix. ``--no-verify-ssl`` (``verifySSL: false``,
+which the poller allows only when its setting
+``allow-insecure-storage-endpoints`` does) verifies nothing.
 """
 
 from __future__ import annotations
@@ -31,10 +39,14 @@ import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from driver import trust
 
 __all__ = ["S3Error", "S3Source", "fetch_prefix", "list_keys", "local_path", "main", "sign"]
 
+# The spec field this copy serves, named by every message about trust.
+FIELD = "spec.offline.storage.s3"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -55,9 +67,14 @@ class S3Source:
     access_key: str
     secret_key: str
     verify: bool = True
+    # The client's context (`driver.trust.ssl_context`); None: the default one,
+    # or none at all when `verify` is False.
+    context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], verify: bool = True) -> S3Source:
+    def from_env(
+        cls, env: Mapping[str, str], verify: bool = True, context: ssl.SSLContext | None = None
+    ) -> S3Source:
         missing = [
             name
             for name in ("S3_ENDPOINT", "S3_BUCKET", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -90,6 +107,7 @@ class S3Source:
             env["AWS_ACCESS_KEY_ID"].strip(),
             env["AWS_SECRET_ACCESS_KEY"].strip(),
             verify,
+            context,
         )
 
 
@@ -144,10 +162,12 @@ def _get(source: S3Source, key: str | None, query: Mapping[str, str]) -> object:
     if query:
         url += "?" + urllib.parse.urlencode(sorted(query.items()), quote_via=urllib.parse.quote)
     headers = sign(source, path, query, datetime.datetime.now(datetime.UTC))
-    context = ssl.create_default_context()
-    if not source.verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
+    context = source.context
+    if context is None:
+        context = ssl.create_default_context()
+        if not source.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
     request = urllib.request.Request(url, headers=headers, method="GET")  # noqa: S310 - checked
     try:
         return urllib.request.urlopen(request, timeout=TIMEOUT, context=context)  # noqa: S310
@@ -159,7 +179,8 @@ def _get(source: S3Source, key: str | None, query: Mapping[str, str]) -> object:
             f"{what}: HTTP {error.code} {code.group(1) if code else body[:200]}"
         ) from None
     except OSError as error:
-        raise S3Error(f"{source.endpoint}: {error}") from None
+        untrusted = trust.untrusted_message(FIELD, "the S3 endpoint", error)
+        raise S3Error(untrusted or f"{source.endpoint}: {error}") from None
 
 
 def list_keys(source: S3Source, prefix: str) -> Iterator[tuple[str, int]]:
@@ -216,7 +237,8 @@ def fetch_prefix(source: S3Source, prefix: str, dest: str) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``lmeval-driver fetch-s3 --dest DIR [--path PREFIX] [--no-verify-ssl]``."""
+    """``lmeval-driver fetch-s3 --dest DIR [--path PREFIX] [--ca-bundle FILE]
+    [--no-verify-ssl]``."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -226,12 +248,20 @@ def main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--dest", required=True, metavar="DIR")
     parser.add_argument("--path", default="", metavar="PREFIX")
+    parser.add_argument("--ca-bundle", metavar="FILE", help="the endpoint's own CAs (PEM)")
     parser.add_argument("--no-verify-ssl", action="store_true")
     args = parser.parse_args(argv)
+    verify = not args.no_verify_ssl
     try:
-        source = S3Source.from_env(os.environ, verify=not args.no_verify_ssl)
+        context = trust.ssl_context(
+            args.ca_bundle,
+            f"{FIELD}.caBundle",
+            verify=verify,
+            note=lambda text: print(f"note: {text}", flush=True),
+        )
+        source = S3Source.from_env(os.environ, verify=verify, context=context)
         count, total = fetch_prefix(source, args.path, args.dest)
-    except (S3Error, OSError, ET.ParseError) as error:
+    except (S3Error, trust.TrustError, OSError, ET.ParseError) as error:
         print(f"lmeval-driver fetch-s3: {error}", file=sys.stderr)
         return 1
     where = f"s3://{source.bucket}/{args.path.strip('/')}"

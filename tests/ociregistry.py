@@ -1,7 +1,10 @@
 """A real OCI registry on loopback for tests: Debian's ``docker-registry``.
 
 ``docker-registry`` is the CNCF distribution registry (2.8), serving plain
-HTTP on 127.0.0.1 from a temporary directory; with `users` it asks for
+HTTP on 127.0.0.1 from a temporary directory, or HTTPS with `tls` (its
+``http.tls``: a certificate chain and key, e.g. those of
+`lmeval_sandbox.pki.service_serving_chain`) on a given `host`, which the
+certificate must name; with `users` it asks for
 Basic auth from an htpasswd file (bcrypt hashes, made with the C library's
 crypt, whose ``$2b$`` hashes the registry's Go bcrypt reads). Artifacts are
 read back with ``skopeo``, a real client, and blobs with plain HTTP GETs.
@@ -14,6 +17,7 @@ import datetime as dt
 import http.server
 import json
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -51,9 +55,20 @@ def _bcrypt(password: str) -> str:
 
 
 class Registry:
-    def __init__(self, root: Path, port: int, users: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        port: int,
+        users: Mapping[str, str],
+        host: str = "127.0.0.1",
+        ca: Path | None = None,
+        tls: bool = False,
+    ) -> None:
         self.root, self.port, self.users = root, port, dict(users)
-        self.address = f"127.0.0.1:{port}"
+        self.address = f"{host}:{port}"
+        self.scheme = "https" if tls else "http"
+        # The tests' own reads trust the registry's CA (the same store for all).
+        self.context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
         self.tokens: TokenService | None = None
 
     def _auth(self) -> dict[str, str]:
@@ -74,8 +89,8 @@ class Registry:
             )
         if accept:
             headers["Accept"] = accept
-        req = urllib.request.Request(f"http://{self.address}{path}", headers=headers)
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        req = urllib.request.Request(f"{self.scheme}://{self.address}{path}", headers=headers)
+        with urllib.request.urlopen(req, timeout=30, context=self.context) as resp:
             data: bytes = resp.read()
             return data
 
@@ -190,9 +205,9 @@ class TokenService:
         self.server.server_close()
 
 
-def _ready(address: str) -> bool:
+def _ready(url: str, context: ssl.SSLContext | None) -> bool:
     try:
-        urllib.request.urlopen(f"http://{address}/v2/", timeout=2).close()
+        urllib.request.urlopen(url, timeout=2, context=context).close()
     except urllib.error.HTTPError as error:
         return error.code == 401  # up, and asking for credentials
     except OSError:
@@ -202,17 +217,28 @@ def _ready(address: str) -> bool:
 
 @contextmanager
 def running(
-    root: Path, users: Mapping[str, str] | None = None, *, bearer: bool = False
+    root: Path,
+    users: Mapping[str, str] | None = None,
+    *,
+    bearer: bool = False,
+    host: str = "127.0.0.1",
+    tls: tuple[Path, Path] | None = None,
+    ca: Path | None = None,
 ) -> Iterator[Registry]:
-    """A registry on a free loopback port, stopped on exit; with `users`, Basic
-    auth, or with `bearer` token auth (a `TokenService` that knows the users)."""
+    """A registry on a free port of `host`, stopped on exit; with `users`, Basic
+    auth, or with `bearer` token auth (a `TokenService` that knows the users);
+    with `tls` (certificate chain, key), HTTPS only, and `ca` the CA that the
+    tests' own reads trust."""
     port = free_port()
     root.mkdir(parents=True, exist_ok=True)
+    http: dict[str, object] = {"addr": f"{host}:{port}", "secret": "test-only-upload-secret"}
+    if tls is not None:
+        http["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
     config: dict[str, object] = {
         "version": 0.1,
         "log": {"level": "warn", "accesslog": {"disabled": True}},
         "storage": {"filesystem": {"rootdirectory": str(root / "storage")}},
-        "http": {"addr": f"127.0.0.1:{port}", "secret": "test-only-upload-secret"},
+        "http": http,
     }
     tokens = TokenService(root, users or {}) if bearer else None
     if tokens is not None:
@@ -232,10 +258,16 @@ def running(
     log = (root / "registry.log").open("wb")
     proc = subprocess.Popen([REGISTRY, "serve", str(root / "config.json")], stdout=log, stderr=log)
     try:
-        registry = Registry(root, port, users or {})
+        registry = Registry(root, port, users or {}, host, ca, tls is not None)
         registry.tokens = tokens
+        url = f"{registry.scheme}://{registry.address}/v2/"
+        probe = registry.context
+        if tls is not None and probe is None:
+            # Up is all this asks: whether the tests trust it is theirs to say.
+            probe = ssl.create_default_context()
+            probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
         wait_for(
-            lambda: _ready(registry.address) or proc.poll() is not None,
+            lambda: _ready(url, probe) or proc.poll() is not None,
             timeout=30,
             what="docker-registry to serve /v2/",
         )

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -74,6 +75,10 @@ MAX_POLL_INTERVAL = 3600.0  # 1 h
 MAX_PROGRESS_INTERVAL = 86400.0  # 24 h
 MAX_POD_PENDING_TIMEOUT = 7 * 86400.0  # 7 days
 MAX_PROGRESS_READS_PER_CYCLE = 1000  # pod log reads in one cycle
+MAX_PROGRESS_READS_PER_MINUTE = 60_000  # pod log reads in one minute
+# The shortest interval of the check for new jobs (`poller.service`) when it
+# is on: each check is a LIST the apiserver filters over every job it holds.
+MIN_NEW_JOB_CHECK_INTERVAL = 0.2
 MAX_SWEEP_INTERVAL = 86400.0  # 24 h
 MAX_SWEEP_JOBS = 1_000_000  # finished jobs listed in one sweep step
 MAX_RUNNING_JOBS = 100_000
@@ -166,6 +171,16 @@ def load_plain_yaml(text: str) -> object:
         raise ValueError(f"invalid YAML: {error}") from None
 
 
+def _off_or_frequent_enough(seconds: float) -> float:
+    """new-job-check-interval: 0 (off), or at least MIN_NEW_JOB_CHECK_INTERVAL."""
+    if 0 < seconds < MIN_NEW_JOB_CHECK_INTERVAL:
+        raise ValueError(
+            f"new-job-check-interval must be 0 (off) or at least "
+            f"{MIN_NEW_JOB_CHECK_INTERVAL:g} s, not {seconds:g} s"
+        )
+    return seconds
+
+
 def _yaml_mapping(text: object) -> object:
     if isinstance(text, str):
         return load_plain_yaml(text) or {}
@@ -176,6 +191,38 @@ def _name_list(text: object) -> object:
     if isinstance(text, str):
         return [part.strip() for part in text.split(",") if part.strip()]
     return text
+
+
+# trusted-ca-bundles: NAME/KEY of a ConfigMap, each a projected item of every
+# job pod (so Kubernetes' own rules: a DNS subdomain, a data key that is no
+# "." or ".." path segment), and few of them (each is a file every TLS client
+# of the pod reads).
+MAX_TRUSTED_CA_BUNDLES = 16
+_CA_SOURCE = re.compile(
+    r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)"
+    r"/(?P<key>[-._a-zA-Z0-9]+)$"
+)
+
+
+def _ca_bundle_sources(entries: list[str]) -> list[str]:
+    """trusted-ca-bundles' entries, checked, each once, in their order."""
+    kept: list[str] = []
+    for entry in entries:
+        match = _CA_SOURCE.match(entry)
+        if match is None:
+            raise ValueError(
+                f"{_clip(entry, _SHOWN_CHARS)!r} is not NAME/KEY (a ConfigMap's name and one of "
+                "its keys, e.g. openshift-service-ca.crt/service-ca.crt)"
+            )
+        if len(match["name"]) > 253 or len(match["key"]) > 253:
+            raise ValueError(f"{_clip(entry, _SHOWN_CHARS)!r}: a name or key over 253 characters")
+        if match["key"] in (".", "..") or match["key"].startswith(".."):
+            raise ValueError(f"{entry!r}: the key {match['key']!r} cannot be a file's name")
+        if entry not in kept:
+            kept.append(entry)
+    if len(kept) > MAX_TRUSTED_CA_BUNDLES:
+        raise ValueError(f"{len(kept)} entries, at most {MAX_TRUSTED_CA_BUNDLES}")
+    return kept
 
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -195,14 +242,31 @@ class Settings(BaseModel):
             alias="poll-interval",
             description=(
                 "Time between poll cycles (a Go-style duration such as 10s or 1m30s, or "
-                "seconds): the longest a change in the cluster waits for the poller. A "
-                "change reschedules the running poller within one old interval. The older "
-                "name pod-checking-interval is accepted."
+                "seconds): the longest a change in the cluster waits for the poller (a "
+                "new job is picked up sooner, see new-job-check-interval). A change "
+                "reschedules the running poller within one old interval. The older name "
+                "pod-checking-interval is accepted."
             ),
             ge=0.5,
             le=MAX_POLL_INTERVAL,
         ),
-    ] = 10.0
+    ] = 2.0
+    new_job_check_interval: Annotated[
+        Seconds,
+        AfterValidator(_off_or_frequent_enough),
+        Field(
+            alias="new-job-check-interval",
+            description=(
+                "How often the poller checks for new jobs between cycles (a duration; 0: "
+                "never, at least 200ms otherwise): one LIST of the jobs that have no "
+                "status yet, and a cycle at once when one of them is new to the poller, so "
+                "that a job created while the poller is idle starts without waiting for "
+                "the next poll-interval."
+            ),
+            ge=0.0,
+            le=MAX_POLL_INTERVAL,
+        ),
+    ] = 1.0
     pod_image: Annotated[
         str,
         Field(
@@ -295,6 +359,19 @@ class Settings(BaseModel):
             le=MAX_PROGRESS_READS_PER_CYCLE,
         ),
     ] = 50
+    progress_reads_per_minute: Annotated[
+        int,
+        Field(
+            alias="progress-reads-per-minute",
+            description=(
+                "At most this many progress reads of pod logs per minute, whatever the "
+                "poll-interval (each cycle reads what accrued since the last, up to "
+                "progress-reads-per-cycle); 0 turns progress reading off."
+            ),
+            ge=0,
+            le=MAX_PROGRESS_READS_PER_MINUTE,
+        ),
+    ] = 300
     # The sweep of finished jobs (`poller.cycle.sweep`): every finished-sweep-interval,
     # the next finished-sweep-jobs of them are listed (pages of 500), so a sweep
     # round over N finished jobs takes N / finished-sweep-jobs steps.
@@ -392,6 +469,36 @@ class Settings(BaseModel):
             ),
         ),
     ] = False
+    allow_insecure_storage_endpoints: Annotated[
+        Flag,
+        Field(
+            alias="allow-insecure-storage-endpoints",
+            description=(
+                "Let a job turn off TLS verification of its S3 endpoint "
+                "(spec.offline.storage.s3.verifySSL: false) or of its OCI registry "
+                "(spec.outputs.oci.verifySSL: false); when false such a job ends Failed "
+                "before any pod exists."
+            ),
+        ),
+    ] = False
+    trusted_ca_bundles: Annotated[
+        list[str],
+        BeforeValidator(_name_list),
+        AfterValidator(_ca_bundle_sources),
+        Field(
+            alias="trusted-ca-bundles",
+            description=(
+                "ConfigMap keys of each job's namespace, as NAME/KEY (comma-separated; "
+                f"at most {MAX_TRUSTED_CA_BUNDLES}), whose PEM certificates every TLS client "
+                "of every job pod trusts besides the image's own authorities: lm_eval to the "
+                "model endpoint, the S3 fetch, the OCI push, Git clones, the MLflow export. "
+                "Each is optional: a namespace without it runs all the same. On OpenShift: "
+                "odh-trusted-ca-bundle/ca-bundle.crt, "
+                "openshift-service-ca.crt/service-ca.crt. Whoever may write these ConfigMaps "
+                "in a namespace adds CAs that its jobs trust."
+            ),
+        ),
+    ] = Field(default_factory=list)
     default_ttl_seconds_after_finished: Annotated[
         int | None,
         Field(

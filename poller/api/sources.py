@@ -21,6 +21,7 @@ from poller.api.base import (
     MOUNT_PATH,
     REPO_PATH,
     TASK_NAME,
+    TEXT,
     KeyToPath,
     Quantity,
     SecretKeyRef,
@@ -36,6 +37,7 @@ __all__ = [
     "CustomTasks",
     "FileConfigMap",
     "GitSource",
+    "MlflowOutput",
     "ModelTLS",
     "OciOutput",
     "Offline",
@@ -77,6 +79,13 @@ class GitSource(_Model):
         "(https://USER:TOKEN@HOST, one per line), mounted as a file into the clone's "
         "container only and read by git's own store helper. The requester must be allowed "
         "to get it; a name of at most 253 characters.",
+    )
+    ca_bundle: CABundleSource | None = Field(
+        default=None,
+        description="Certificate authorities that the clone trusts for an https:// url, "
+        "besides the image's own and those of the poller setting trusted-ca-bundles "
+        "(an internal Git server's CA). The requester must be allowed to get its "
+        "ConfigMap or Secret.",
     )
 
 
@@ -171,6 +180,19 @@ class OciOutput(_Model):
         "registry (127.0.0.1 or localhost), since it carries credentials and results in the "
         "clear.",
     )
+    ca_bundle: CABundleSource | None = Field(
+        default=None,
+        description="Certificate authorities that the push trusts for the registry, besides "
+        "the image's own and those of the poller setting trusted-ca-bundles. The requester "
+        "must be allowed to get its ConfigMap or Secret.",
+    )
+    verify_ssl: bool | None = Field(
+        default=None,
+        alias="verifySSL",
+        description="False skips verifying the registry's certificate (default true); "
+        "allowed only when the poller setting allow-insecure-storage-endpoints is true, "
+        "otherwise the job ends Failed before any pod exists.",
+    )
 
 
 OciOutputSpec = Annotated[
@@ -184,8 +206,138 @@ OciOutputSpec = Annotated[
 ]
 
 
+# An MLflow tracking server: http(s), a host (name, IPv4 or [IPv6]), an optional
+# port and path; no user information (credentials come from a Secret), no query
+# or fragment (the client appends /api/2.0/... to it and the run's URL starts
+# with it).
+_URI_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
+_URI_HOST = rf"({_URI_LABEL}([.]{_URI_LABEL})*|\[[0-9A-Fa-f:.]+\])"
+MLFLOW_TRACKING_URI = rf"^(https|http)://{_URI_HOST}(:[0-9]{{1,5}})?(/[A-Za-z0-9._~%+:-]+)*/?$"
+# A tag key as MLflow allows it (letters, digits, _ - . space / :), at most 250
+# characters; not the keys MLflow (mlflow.*) and the poller (lmeval.*) set.
+MLFLOW_TAG_KEY = r"^[A-Za-z0-9_][A-Za-z0-9_. /:-]*$"
+MLFLOW_TAG_KEY_CHARS_MAX = 250
+MLFLOW_TAG_VALUE_CHARS_MAX = 1000
+MLFLOW_TAGS_MAX = 64  # as many as the CRD allows any map (lmeval_sandbox.crd)
+# Keys and values together (UTF-8): the tags travel as one JSON token of the
+# driver's command line, which must stay far below the kernel's 128 KiB.
+MLFLOW_TAGS_BYTES_MAX = 16 * 1024
+MLFLOW_RESERVED_TAG_PREFIXES = ("mlflow.", "lmeval.")
+# Experiment and run names: one line of text.
+MLFLOW_NAME = r"^[^\x00-\x1f\x7f-\x{9f}]+$"
+
+
+def _mlflow_plain_http_problem(mlflow: MlflowOutput) -> str | None:
+    scheme, _, rest = mlflow.tracking_uri.partition("://")
+    host = rest.split("/", 1)[0].rsplit(":", 1)[0]
+    if scheme == "http" and host not in OCI_LOOPBACK:
+        return (
+            "trackingUri: http:// is allowed only for a loopback server (127.0.0.1 or "
+            "localhost), since it carries credentials and results in the clear: use https://"
+        )
+    return None
+
+
+def _mlflow_reserved_tags_problem(tags: dict[str, str]) -> str | None:
+    keys = [k for k in tags if k.startswith(MLFLOW_RESERVED_TAG_PREFIXES)]
+    if keys:
+        return (
+            "tag keys may not start with mlflow. or lmeval. (set by MLflow and the poller): "
+            + ", ".join(keys)
+        )
+    return None
+
+
+def _mlflow_tags_size_problem(tags: dict[str, str]) -> str | None:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in tags.items())
+    if size > MLFLOW_TAGS_BYTES_MAX:
+        return (
+            f"tag keys and values may take at most {MLFLOW_TAGS_BYTES_MAX} bytes (UTF-8) "
+            f"together; these take {size}"
+        )
+    return None
+
+
+MlflowTags = Annotated[
+    dict[
+        Annotated[str, Field(pattern=MLFLOW_TAG_KEY, max_length=MLFLOW_TAG_KEY_CHARS_MAX)],
+        Annotated[str, Field(pattern=TEXT, max_length=MLFLOW_TAG_VALUE_CHARS_MAX)],
+    ],
+    Field(max_length=MLFLOW_TAGS_MAX),
+    rules.Cel(
+        rule="!self.exists(k, k.startsWith('mlflow.') || k.startsWith('lmeval.'))",
+        message="tag keys may not start with mlflow. or lmeval. (set by MLflow and the poller)",
+        problem=_mlflow_reserved_tags_problem,
+    ),
+    rules.Cel(
+        rule=f"self.map(k, size(bytes(k)) + size(bytes(self[k]))).sum() <= {MLFLOW_TAGS_BYTES_MAX}",
+        message=f"tag keys and values may take at most {MLFLOW_TAGS_BYTES_MAX} bytes (UTF-8) "
+        "together",
+        problem=_mlflow_tags_size_problem,
+    ),
+]
+
+
+class MlflowOutput(_Model):
+    """An MLflow tracking server that receives the evaluation as a run."""
+
+    tracking_uri: Annotated[str, Field(pattern=MLFLOW_TRACKING_URI, max_length=2048)] = Field(
+        description="The tracking server's URL, e.g. https://mlflow.example.com or "
+        "https://host/mlflow: https://, or http:// to a loopback server only (127.0.0.1 or "
+        "localhost); no user, password, query or fragment (credentials come from "
+        "credentialsSecret). The server must serve the run's artifacts itself (mlflow "
+        "server's default, --serve-artifacts). At most 2048 characters."
+    )
+    experiment: Annotated[str, Field(pattern=MLFLOW_NAME, max_length=500)] = Field(
+        description="Name of the experiment the run is logged in, created when it does not "
+        "exist (the credentials must allow that); one line of at most 500 characters."
+    )
+    run_name: Annotated[str, Field(pattern=MLFLOW_NAME, max_length=250)] | None = Field(
+        default=None,
+        description="Name of the run, one line of at most 250 characters (default: the "
+        "job's name).",
+    )
+    tags: MlflowTags | None = Field(
+        default=None,
+        description=f"Tags of the run, at most {MLFLOW_TAGS_MAX}: keys of at most "
+        f"{MLFLOW_TAG_KEY_CHARS_MAX} characters (letters, digits, _ - . space / :), not "
+        "starting with mlflow. or lmeval.; values of at most "
+        f"{MLFLOW_TAG_VALUE_CHARS_MAX} characters, {MLFLOW_TAGS_BYTES_MAX} bytes (UTF-8) in "
+        "all. The poller adds lmeval.job.namespace, "
+        "lmeval.job.name and lmeval.job.uid, the run's link back to the job.",
+    )
+    credentials_secret: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
+        default=None,
+        description="A Secret with the server's credentials, mounted read-only into the job "
+        "pod and read by the driver only after lm_eval has exited: keys username and "
+        "password (HTTP Basic, e.g. a kubernetes.io/basic-auth Secret; MLflow's "
+        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD), or token (a Bearer token, "
+        "MLFLOW_TRACKING_TOKEN). Anonymous when omitted. The requester must be allowed to "
+        "get it; a name of at most 253 characters.",
+    )
+    ca_bundle: CABundleSource | None = Field(
+        default=None,
+        description="Certificate authorities that the export trusts for an https:// "
+        "trackingUri, besides the image's own (an internal server's CA). The requester must "
+        "be allowed to get its ConfigMap or Secret.",
+    )
+
+
+MlflowOutputSpec = Annotated[
+    MlflowOutput,
+    rules.Cel(
+        rule="!self.trackingUri.startsWith('http://') || "
+        "self.trackingUri.matches('^http://(127[.]0[.]0[.]1|localhost)(:[0-9]+)?(/.*)?$')",
+        message="trackingUri: http:// is allowed only for a loopback server (127.0.0.1 or "
+        "localhost), since it carries credentials and results in the clear: use https://",
+        problem=_mlflow_plain_http_problem,
+    ),
+]
+
+
 class Outputs(_Model):
-    """Where a job's full outputs go: a claim (named or made for it) and an OCI registry."""
+    """Where a job's full outputs go: a claim (named or made for it), an OCI registry
+    and an MLflow tracking server."""
 
     pvc_name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] | None = Field(
         default=None,
@@ -205,6 +357,15 @@ class Outputs(_Model):
         "registry, as an artifact (artifactType application/vnd.lmeval.results.v1+json), "
         "from the job pod after the evaluation; status.resultsArtifact names its digest. A "
         "failed push does not fail the job: status says why (resultsArtifactError).",
+    )
+    mlflow: MlflowOutputSpec | None = Field(
+        default=None,
+        description="Also log the evaluation to an MLflow tracking server, from the job pod "
+        "after the evaluation, with MLflow's own client and the job's credentials: params "
+        "(model, redacted model arguments, tasks, few-shot, limit, versions), one metric per "
+        "task, metric and filter, the results, per-item scores and provenance as artifacts, "
+        "and tags linking the run to the job; status.mlflowRun names the run. A failed "
+        "export does not fail the job: status says why (mlflowRunError).",
     )
 
 
@@ -232,7 +393,15 @@ class OfflineS3(_Model):
     verify_ssl: bool | None = Field(
         default=None,
         alias="verifySSL",
-        description="False skips verifying the endpoint's certificate (default true).",
+        description="False skips verifying the endpoint's certificate (default true); "
+        "allowed only when the poller setting allow-insecure-storage-endpoints is true, "
+        "otherwise the job ends Failed before any pod exists.",
+    )
+    ca_bundle: CABundleSource | None = Field(
+        default=None,
+        description="Certificate authorities that the copy trusts for an https:// endpoint, "
+        "besides the image's own and those of the poller setting trusted-ca-bundles. The "
+        "requester must be allowed to get its ConfigMap or Secret.",
     )
 
 

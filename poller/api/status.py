@@ -44,6 +44,7 @@ __all__ = [
     "JobReason",
     "JobState",
     "LMEvalJobStatus",
+    "MlflowRunStatus",
     "Progress",
     "Provenance",
     "Seeds",
@@ -125,6 +126,8 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     # spec.outputs.oci: whether the results reached the registry.
     RESULTS_PUSHED = "ResultsPushed"
+    # spec.outputs.mlflow: whether the run reached the MLflow tracking server.
+    RESULTS_EXPORTED = "ResultsExported"
     # spec.gate: whether the score dropped significantly against spec.baseline.
     REGRESSED = "Regressed"
 
@@ -137,7 +140,8 @@ class Condition(_Model):
         "was created. Running: the evaluation container runs. Finished: the job is Complete, "
         "whatever the outcome. Succeeded: it finished with results (False: it failed or was "
         "cancelled). Suspended: it has no pod because of spec.suspend or Kueue. "
-        "ResultsPushed: the results reached spec.outputs.oci's registry. Regressed: "
+        "ResultsPushed: the results reached spec.outputs.oci's registry. ResultsExported: "
+        "the run reached spec.outputs.mlflow's tracking server. Regressed: "
         "spec.gate's verdict against spec.baseline (see status.gate)."
     )
     status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$")] = Field(
@@ -157,6 +161,7 @@ class Condition(_Model):
         "PodPendingTimeout, Unschedulable, ErrImagePull, ImagePullBackOff (or another of the "
         "kubelet's waiting reasons), TaskSourceMismatch, UnreadableJob, PollerError, or the "
         "container's termination reason (OOMKilled...). ResultsPushed: Pushed or PushFailed. "
+        "ResultsExported: Exported or ExportFailed. "
         "Regressed: Regressed, NotRegressed, WaitingForBaseline, BaselineMissing, "
         "BaselineFailed, NoItemScores, NotComparable, JobNotSucceeded or InvalidGate.",
     )
@@ -258,6 +263,19 @@ class TaskSourceStatus(_Model):
     commit: str = Field(
         description="The commit checked out, as the driver reported it: a full hash, equal to "
         "spec's git.commit when that is set (a run that reports another ends Failed)."
+    )
+
+
+class MlflowRunStatus(_Model):
+    """The MLflow run a job's evaluation was logged as (spec.outputs.mlflow)."""
+
+    id: str = Field(description="The run's ID (32 hex digits), as the driver reported it.")
+    url: str = Field(
+        description="The run's page on the tracking server: spec.outputs.mlflow.trackingUri "
+        "followed by #/experiments/<experiment>/runs/<run>."
+    )
+    experiment_id: str | None = Field(
+        default=None, description="The ID of the experiment the run is in."
     )
 
 
@@ -513,6 +531,17 @@ class LMEvalJobStatus(_Model):
         default=None,
         description="Why pushing the results to spec.outputs.oci failed (the job still "
         "succeeds with its results; condition ResultsPushed is False).",
+    )
+    mlflow_run: MlflowRunStatus | None = Field(
+        default=None,
+        description="The MLflow run the evaluation was logged as (spec.outputs.mlflow), as "
+        "the driver in the pod reported it.",
+    )
+    mlflow_run_error: str | None = Field(
+        default=None,
+        description="Why logging the evaluation to spec.outputs.mlflow failed, in the "
+        "tracking server's or the client's words (the job still succeeds with its results; "
+        "condition ResultsExported is False).",
     )
     provenance: Provenance | None = Field(
         default=None,

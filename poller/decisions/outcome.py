@@ -54,7 +54,9 @@ __all__ = [
     "first_results_window",
     "holding",
     "next_results_window",
+    "record_mlflow_run",
     "record_provenance",
+    "record_results_artifact",
     "record_task_sources",
     "results_read_while_held",
     "results_to_exec",
@@ -103,6 +105,11 @@ TASKS_IN_MESSAGE = 20
 # status.resultsArtifact(Error): text from the pod's log, bounded.
 MAX_ARTIFACT_CHARS = 1024
 _ARTIFACT = re.compile(r"^sha256:[a-f0-9]{64}$")
+# status.mlflowRun: what the pod's log may name. MLflow's run IDs are uuid4
+# hex; experiment IDs are numbers on MLflow's own server (bounded, in case).
+_MLFLOW_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+_MLFLOW_EXPERIMENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_MLFLOW_URL_CHARS = 4096
 # The cause (condition reason, event) of a job whose run reported commits that
 # are not its spec's (`task_source_problem`).
 TASK_SOURCE_MISMATCH = "TaskSourceMismatch"
@@ -212,6 +219,7 @@ def complete(
     if not actions:  # no results: the provenance of what ran (_store_results records it else)
         record_provenance(pod, decoded, draft)
     record_results_artifact(job, outcome, draft)
+    record_mlflow_run(job, outcome, draft)
     return Decision(draft.actions(before=actions))
 
 
@@ -351,6 +359,46 @@ def record_results_artifact(job: JobView, outcome: Outcome | None, draft: Status
     draft.condition(C.RESULTS_PUSHED, False, "PushFailed", error)
 
 
+def _mlflow_run(tracking_uri: str, outcome: Outcome) -> tuple[dict[str, str] | None, str | None]:
+    """status.mlflowRun from the final marker, or why there is none."""
+    run_id, url = outcome.mlflow_run_id, outcome.mlflow_run_url
+    if run_id is None or url is None:
+        return None, outcome.mlflow_error or "the driver did not report the export"
+    experiment = outcome.mlflow_experiment_id
+    # The log is the pod's word: a run ID of MLflow's form, a page on the job's server.
+    if not _MLFLOW_RUN_ID.match(run_id):
+        return None, "the driver reported a run ID that is not MLflow's (32 hex digits)"
+    page = tracking_uri.rstrip("/") + "/"
+    if not url.startswith(page) or len(url) > MAX_MLFLOW_URL_CHARS or not url.isprintable():
+        return None, "the driver reported a run outside spec.outputs.mlflow.trackingUri"
+    run = {"id": run_id, "url": url}
+    if experiment is not None and _MLFLOW_EXPERIMENT_ID.match(experiment):
+        run["experiment_id"] = experiment
+    return run, None
+
+
+def record_mlflow_run(job: JobView, outcome: Outcome | None, draft: StatusDraft) -> None:
+    """status.mlflowRun (or mlflowRunError) and condition ResultsExported.
+
+    Only for a job that asked (spec.outputs.mlflow) and a run that completed; a
+    failed export does not fail the job, whose results are in status anyway.
+    """
+    outputs = job.spec.get("outputs")
+    mlflow = outputs.get("mlflow") if isinstance(outputs, dict) else None
+    if not isinstance(mlflow, dict) or outcome is None or outcome.event != protocol.EVENT_COMPLETED:
+        return
+    run, error = _mlflow_run(str(mlflow.get("trackingUri") or ""), outcome)
+    if run is not None:
+        draft.fields["mlflow_run"] = run
+        draft.fields.pop("mlflow_run_error", None)
+        draft.condition(C.RESULTS_EXPORTED, True, "Exported", run["url"])
+        return
+    error = (error or "the driver did not report the export")[:MAX_ARTIFACT_CHARS]
+    draft.fields["mlflow_run_error"] = error
+    draft.fields.pop("mlflow_run", None)
+    draft.condition(C.RESULTS_EXPORTED, False, "ExportFailed", error)
+
+
 def _results_window(log: LogView) -> int | None:
     """The window of lines to read next for results missing from `log`, or None.
 
@@ -485,6 +533,10 @@ def holding(
             found, source = log.decoded.results, "log"
         if found is not None:
             actions.append(_store_results(job, pod, draft, found, source, log.decoded))
+    # Recorded now: once its results are read, the terminated container's
+    # outcome (`complete`) is not read from the log again.
+    record_results_artifact(job, outcome, draft)
+    record_mlflow_run(job, outcome, draft)
     release = protocol.release_argv(podspec.driver_command(settings))
     actions.append(ReleaseHold(pod.name, podspec.MAIN_CONTAINER, tuple(release)))
     return actions

@@ -15,7 +15,7 @@ from __future__ import annotations
 from poller import api
 from poller.api import rules
 from poller.api.settings import Settings
-from poller.jobpod import gittasks, modeltls
+from poller.jobpod import gittasks, modeltls, trust
 
 __all__ = ["CUSTOM_TASKS_ROOT", "JobPodError", "lm_eval_argv", "resources_for"]
 
@@ -44,6 +44,8 @@ def lm_eval_argv(spec: api.LMEvalJobSpec, settings: Settings) -> list[str]:
             "(allow-online: false in ConfigMap lmeval-poller-config)"
         )
     if problem := modeltls.tls_problem(spec, settings):
+        raise JobPodError(problem)
+    if problem := trust.insecure_storage_problem(spec, settings):
         raise JobPodError(problem)
     # The schema refuses it too; checked here because the argv is where it would
     # take effect (a job stored under an older schema ends Failed, same words).

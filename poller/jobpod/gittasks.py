@@ -33,6 +33,24 @@ it; the local runner's directories belong to the user running git). Git never
 prompts (``GIT_TERMINAL_PROMPT=0``), reads no system or user configuration,
 and may use only the transports the schema allows (``GIT_ALLOW_PROTOCOL``).
 
+TLS: git's ``http.sslCAInfo`` takes *one* file, and it replaces git's own
+store. Naming the source's ``caBundle`` there alone would make every public
+server untrusted, and the cluster's CA bundles (the setting
+``trusted-ca-bundles``) are several files. So when an ``https://`` source
+has a ``caBundle`` or the setting names bundles, a first init container,
+``git-<i>-ca``, of the *job* image (the driver's ``ca-bundle``, the same
+union `driver.trust` gives lm_eval) writes one file into the emptyDir
+``git-ca``: the job image's authorities, the cluster's bundles (each
+optional, noted when absent) and the source's own. The fetch container
+alone mounts it, read-only, as its ``http.sslCAInfo``. The alternatives
+were worse: ``http.<url>.sslCAInfo`` with the source's CA and the cluster's
+bundles would still need them joined into one file and would drop the
+public authorities for that URL; and the git image's own store differs
+from image to image (alpine's, Debian's), where the job image's is the one
+every other client of the pod trusts. A clone that fails verification ends
+the job with git's words and the fields to fix (``caBundle``, the setting).
+Sources without either keep git's own store and no extra container.
+
 The evaluation container mounts every clone, and the commits' emptyDir at
 ``/opt/lmeval/git``, read-only. (No ``subPath`` mounts: the repository keeps
 its layout, so a task file of ``path`` ``tasks`` is at
@@ -45,14 +63,18 @@ which names the spec field.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from driver import protocol
 from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import trust
 
 __all__ = [
+    "CA_ROOT",
+    "CA_VOLUME",
     "CLONE_ROOT",
     "COMMIT_SUFFIX",
     "CONTAINER_PREFIX",
@@ -78,11 +100,16 @@ COMMIT_SUFFIX = ".commit"
 CONTAINER_PREFIX = "git-"
 CREDENTIALS_KEY = ".git-credentials"
 CREDENTIALS_MOUNT = "/var/run/lmeval/git-credentials"
+# The emptyDir of the combined CA files (<i>.pem, one per source that needs
+# one) and where each source's own caBundle is mounted.
+CA_VOLUME = "git-ca"
+CA_ROOT = "/opt/lmeval/git-ca"
+SOURCE_CA_ROOT = "/opt/lmeval/git-source-ca"
 # An image such as alpine/git runs as root; the restricted profile needs a
 # non-root UID, which the pod gives on OpenShift (the namespace's range) and
 # these containers give themselves elsewhere.
 GIT_UID = 65532
-_STEPS = ("init", "sparse", "fetch", "checkout", "record")
+_STEPS = ("ca", "init", "sparse", "fetch", "checkout", "record")
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _COMMIT_RE = re.compile(api.GIT_COMMIT)
 _CONTAINER_RE = re.compile(rf"^{CONTAINER_PREFIX}(\d+)-({'|'.join(_STEPS)})$")
@@ -132,17 +159,42 @@ def _checked(index: int, source: api.GitSource, settings: Settings) -> None:
         raise GitPodError(
             f"{where}.credentialsSecret: the git:// protocol has no authentication; use https://"
         )
+    if plaintext and source.ca_bundle is not None:
+        raise GitPodError(
+            f"{where}.caBundle: {parts.scheme}:// uses no TLS, so no CA; use https:// or remove "
+            "caBundle"
+        )
 
 
-def volumes(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
+def _needs_ca(source: api.GitSource, settings: Settings) -> bool:
+    """Whether the clone gets a CA file of its own (the `ca` step): an https:// source
+    with a caBundle, or any https:// source when the cluster's bundles are picked up."""
+    https = urlsplit(source.url).scheme == "https"
+    return https and (source.ca_bundle is not None or bool(settings.trusted_ca_bundles))
+
+
+def _ca_file(index: int) -> str:
+    return f"{CA_ROOT}/{index}.pem"
+
+
+def _source_ca_dir(index: int) -> str:
+    return f"{SOURCE_CA_ROOT}/{index}"
+
+
+def volumes(spec: api.LMEvalJobSpec, settings: Settings) -> list[dict[str, Any]]:
     """The pod's volumes for its Git sources: one emptyDir per clone and one for
-    the commits, and each credentials Secret."""
+    the commits, each credentials Secret, and the CA files' emptyDir and each
+    source's own caBundle when a clone needs them."""
     sources = git_sources(spec)
     if not sources:
         return []
     out: list[dict[str, Any]] = [{"name": VOLUME, "emptyDir": {}}]
+    if any(_needs_ca(source, settings) for _index, source in sources):
+        out.append({"name": CA_VOLUME, "emptyDir": {}})
     for index, source in sources:
         out.append({"name": task_dir(index), "emptyDir": {}})
+        if source.ca_bundle is not None and _needs_ca(source, settings):
+            out.append(trust.ca_volume(f"git-source-ca-{index}", source.ca_bundle))
         if source.credentials_secret:
             out.append(
                 {
@@ -200,7 +252,7 @@ def _argv(repo: str, index: int, source: api.GitSource, step: str) -> list[str]:
             f"--output={CLONE_ROOT}/{index}{COMMIT_SUFFIX}"]  # fmt: skip
 
 
-def _env(repo: str, credentials: bool) -> list[dict[str, str]]:
+def _env(repo: str, credentials: bool, ca_file: str | None = None) -> list[dict[str, str]]:
     env = [
         {"name": "HOME", "value": "/tmp"},  # noqa: S108 (the pod's own emptyDir)
         {"name": "GIT_TERMINAL_PROMPT", "value": "0"},
@@ -218,6 +270,10 @@ def _env(repo: str, credentials: bool) -> list[dict[str, str]]:
         # git's own store helper reads the mounted file; it is named here, in
         # the environment, never in the URL or the argv.
         config.append(("credential.helper", f"store --file={CREDENTIALS_MOUNT}/{CREDENTIALS_KEY}"))
+    if ca_file is not None:
+        # The `ca` step's file: the job image's authorities, the cluster's and
+        # the source's own (the module's docstring says why one file).
+        config.append(("http.sslCAInfo", ca_file))
     env.append({"name": "GIT_CONFIG_COUNT", "value": str(len(config))})
     for number, (key, value) in enumerate(config):
         env += [
@@ -227,6 +283,40 @@ def _env(repo: str, credentials: bool) -> list[dict[str, str]]:
     return env
 
 
+def _ca_container(
+    index: int,
+    source: api.GitSource,
+    settings: Settings,
+    driver: Sequence[str],
+    job_image: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Source `index`'s `ca` step: the driver (in the job image, `job_image` gives
+    image and profile) writes the clone's one CA file."""
+    own = source.ca_bundle is not None
+    mounts: list[dict[str, Any]] = [
+        {"name": CA_VOLUME, "mountPath": CA_ROOT},
+        *trust.cluster_mounts(settings),
+    ]
+    if own:
+        mounts.append(
+            {"name": f"git-source-ca-{index}", "mountPath": _source_ca_dir(index), "readOnly": True}
+        )
+    command = protocol.ca_bundle_argv(
+        driver,
+        _ca_file(index),
+        f"{_source_ca_dir(index)}/{trust.CA_FILE}" if own else None,
+        f"spec.customTasks[{index}].git.caBundle" if own else None,
+    )
+    return job_image(
+        {
+            "name": f"{CONTAINER_PREFIX}{index}-ca",
+            "command": command,
+            "env": trust.cluster_env(settings),
+            "volumeMounts": mounts,
+        }
+    )
+
+
 def init_containers(
     spec: api.LMEvalJobSpec,
     settings: Settings,
@@ -234,13 +324,19 @@ def init_containers(
     pod_sets_user: bool,
     tmp_volume: str,
     tasks_root: str,
+    *,
+    driver: Sequence[str],
+    job_image: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """The init containers that clone every Git source, in order.
 
     `security_context` is the restricted container profile; `pod_sets_user`
     says whether the pod already gives a UID (else these run as GIT_UID);
     `tmp_volume` is the pod's emptyDir for /tmp (git's HOME); `tasks_root` is
-    lm_eval's --include_path, where each clone is made.
+    lm_eval's --include_path, where each clone is made. A clone that needs a
+    CA file of its own starts with a container of the job image running the
+    driver (`driver`: the words that start it), which `job_image` completes
+    with image, profile and resources.
     Raises GitPodError for a source the settings refuse.
     """
     containers: list[dict[str, Any]] = []
@@ -250,8 +346,13 @@ def init_containers(
     for index, source in git_sources(spec):
         _checked(index, source, settings)
         repo = _repo(tasks_root, index)
+        ca_file = _ca_file(index) if _needs_ca(source, settings) else None
         for step in _STEPS:
             if step == "sparse" and not source.path:
+                continue
+            if step == "ca":
+                if ca_file is not None:
+                    containers.append(_ca_container(index, source, settings, driver, job_image))
                 continue
             credentials = step == "fetch" and bool(source.credentials_secret)
             mounts: list[dict[str, Any]] = [
@@ -268,13 +369,16 @@ def init_containers(
                         "readOnly": True,
                     }
                 )
+            fetch_ca = ca_file if step == "fetch" else None
+            if fetch_ca is not None:
+                mounts.append({"name": CA_VOLUME, "mountPath": CA_ROOT, "readOnly": True})
             containers.append(
                 {
                     "name": f"{CONTAINER_PREFIX}{index}-{step}",
                     "image": settings.git_image,
                     "imagePullPolicy": settings.image_pull_policy,
                     "command": _argv(repo, index, source, step),
-                    "env": _env(repo, credentials),
+                    "env": _env(repo, credentials, fetch_ca),
                     "securityContext": context,
                     "volumeMounts": mounts,
                     "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -288,6 +392,7 @@ def init_containers(
 
 
 _WHAT = {
+    "ca": "gathering the CAs trusted for",
     "init": "preparing the clone",
     "sparse": "selecting the path of",
     "fetch": "fetching",
@@ -325,6 +430,16 @@ def clone_failure(
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     detail = next((line for line in reversed(lines) if line.startswith("fatal:")), None)
     detail = detail or (lines[-1] if lines else f"exit code {exit_code}")
+    if step == "ca":
+        # The driver's own words name the field already (a bundle without PEM).
+        named = detail if detail.startswith(where) else f"{where}.caBundle: {detail}"
+        return f"{named} ({_WHAT[step]} {source.url})"
+    if step == "fetch" and any(text in detail.lower() for text in _UNTRUSTED):
+        return (
+            f"{where}: fetching {source.url} failed, its certificate is not trusted ({detail}): "
+            f"give its CA in {where}.caBundle, or ask for it in the poller setting "
+            "trusted-ca-bundles"
+        )
     field, what = _blamed(source, step, detail)
     named = f"{where}.{field}" if field else where
     return f"{named}: {_WHAT[step]} {what} failed: {detail}"
@@ -361,6 +476,11 @@ _NO_REF = ("couldn't find remote ref", "not our ref", "unadvertised object", "no
            "unknown revision", "pathspec", "invalid reference")  # fmt: skip
 _NO_AUTH = ("authentication failed", "could not read username", "could not read password",
             "terminal prompts disabled", "403")  # fmt: skip
+# What git (through curl with OpenSSL or GnuTLS) says of a certificate no CA
+# it trusts has signed.
+_UNTRUSTED = ("ssl certificate problem", "server certificate verification failed",
+              "certificate verify failed", "self-signed certificate", "self signed certificate",
+              "unable to get local issuer certificate")  # fmt: skip
 
 
 def _blamed(source: api.GitSource, step: str, detail: str) -> tuple[str | None, str]:

@@ -4,9 +4,11 @@ A pure module (no I/O), called by ``podspec.build_pod``. It does three things:
 
 * mounts the one key of the ConfigMap or Secret that ``spec.modelTLS.caBundle``
   names, read-only, as ``MODEL_CA_DIR/ca.crt`` (under ``/opt``, where no
-  fileSecret may be mounted);
-* names that file in ``$LMEVAL_CA_BUNDLE`` for the driver, which adds it to the
-  image's own authorities and points ``SSL_CERT_FILE`` (aiohttp, through
+  fileSecret may be mounted; `poller.jobpod.trust.ca_volume`);
+* names that file in ``$LMEVAL_CA_BUNDLE`` for the driver, which adds it and
+  the cluster's CA bundles (the setting ``trusted-ca-bundles``, which every
+  job pod gets, with or without ``spec.modelTLS``: `poller.jobpod.trust`) to
+  the image's own authorities and points ``SSL_CERT_FILE`` (aiohttp, through
   OpenSSL) and ``REQUESTS_CA_BUNDLE`` (requests, lm_eval's remote tokenizer)
   at the combined file for lm_eval only (``driver.trust`` says why combined);
 * refuses a job that turns verification off (``verify_certificate`` in
@@ -23,6 +25,7 @@ from typing import Any
 from driver import protocol
 from poller import api
 from poller.api.settings import Settings
+from poller.jobpod import trust
 
 __all__ = [
     "MODEL_CA_DIR",
@@ -34,7 +37,7 @@ __all__ = [
 ]
 
 MODEL_CA_DIR = "/opt/lmeval/model-ca"
-MODEL_CA_FILE = f"{MODEL_CA_DIR}/ca.crt"
+MODEL_CA_FILE = f"{MODEL_CA_DIR}/{trust.CA_FILE}"
 VOLUME = "model-ca"
 # What the driver sets for lm_eval; a job naming a bundle may not set them too.
 TRUST_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_DIR")
@@ -68,24 +71,8 @@ def tls_volumes(spec: api.LMEvalJobSpec) -> tuple[list[dict[str, Any]], list[dic
     """The CA bundle's volume and its read-only mount (none without spec.modelTLS)."""
     if spec.model_tls is None:
         return [], []
-    bundle = spec.model_tls.ca_bundle
-    if bundle.config_map_key_ref is not None:
-        ref = bundle.config_map_key_ref
-        source: dict[str, Any] = {
-            "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": "ca.crt"}]}
-        }
-    else:
-        assert bundle.secret_key_ref is not None  # the schema asks for exactly one
-        secret = bundle.secret_key_ref
-        source = {
-            "secret": {
-                "secretName": secret.name,
-                "items": [{"key": secret.key, "path": "ca.crt"}],
-            }
-        }
-    volume = {"name": VOLUME, **source}
     mount = {"name": VOLUME, "mountPath": MODEL_CA_DIR, "readOnly": True}
-    return [volume], [mount]
+    return [trust.ca_volume(VOLUME, spec.model_tls.ca_bundle)], [mount]
 
 
 def tls_env(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:

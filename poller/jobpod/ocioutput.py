@@ -6,7 +6,11 @@ results): this module gives it the reference (``repository:tag``, the tag
 defaulting to the job's name and 8 hex digits of its UID, unique per job and
 stable across its pods), the subject, plain HTTP for a loopback registry, and
 the credentials Secret's ``.dockerconfigjson``, mounted read-only under
-``/opt`` (where no fileSecret may be mounted).
+``/opt`` (where no fileSecret may be mounted), and the registry's own CAs
+(``caBundle``, mounted beside it; the driver adds them to the image's and
+the cluster's, `poller.jobpod.trust`), or ``--oci-tls=insecure`` for
+``verifySSL: false``, which the poller allowed before the pod was made
+(`trust.insecure_storage_problem`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 from typing import Any, NamedTuple
 
 from poller import api
+from poller.jobpod import trust
 
 __all__ = [
     "CREDENTIALS_DIR",
@@ -28,6 +33,8 @@ CREDENTIALS_DIR = "/opt/lmeval/oci-credentials"
 CREDENTIALS_KEY = ".dockerconfigjson"
 CREDENTIALS_FILE = f"{CREDENTIALS_DIR}/config.json"
 VOLUME = "oci-credentials"
+CA_DIR = "/opt/lmeval/oci-ca"
+CA_VOLUME = "oci-ca"
 # A tag is at most 128 characters: the name's head, '-', 8 hex digits.
 TAG_NAME_CHARS = 128 - 9
 
@@ -51,6 +58,8 @@ class PushOptions(NamedTuple):
     subject: str | None = None
     auth: str | None = None
     scheme: str | None = None
+    ca_bundle: str | None = None
+    tls: str | None = None
 
 
 def driver_options(spec: api.LMEvalJobSpec, name: str, uid: str) -> PushOptions:
@@ -63,20 +72,30 @@ def driver_options(spec: api.LMEvalJobSpec, name: str, uid: str) -> PushOptions:
         subject=oci.subject,
         auth=CREDENTIALS_FILE if oci.credentials_secret is not None else None,
         scheme="http" if oci.plain_http else None,
+        ca_bundle=f"{CA_DIR}/{trust.CA_FILE}" if oci.ca_bundle is not None else None,
+        tls="insecure" if oci.verify_ssl is False else None,
     )
 
 
 def oci_volumes(spec: api.LMEvalJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The credentials Secret's volume and its read-only mount (none without one)."""
+    """The credentials Secret's and the registry's CAs' volumes and their read-only
+    mounts (none without them)."""
     oci = _oci(spec)
-    if oci is None or oci.credentials_secret is None:
-        return [], []
-    volume = {
-        "name": VOLUME,
-        "secret": {
-            "secretName": oci.credentials_secret,
-            "items": [{"key": CREDENTIALS_KEY, "path": "config.json"}],
-            "defaultMode": 0o444,
-        },
-    }
-    return [volume], [{"name": VOLUME, "mountPath": CREDENTIALS_DIR, "readOnly": True}]
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if oci is not None and oci.credentials_secret is not None:
+        volumes.append(
+            {
+                "name": VOLUME,
+                "secret": {
+                    "secretName": oci.credentials_secret,
+                    "items": [{"key": CREDENTIALS_KEY, "path": "config.json"}],
+                    "defaultMode": 0o444,
+                },
+            }
+        )
+        mounts.append({"name": VOLUME, "mountPath": CREDENTIALS_DIR, "readOnly": True})
+    if oci is not None and oci.ca_bundle is not None:
+        volumes.append(trust.ca_volume(CA_VOLUME, oci.ca_bundle))
+        mounts.append({"name": CA_VOLUME, "mountPath": CA_DIR, "readOnly": True})
+    return volumes, mounts

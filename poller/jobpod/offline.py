@@ -31,7 +31,11 @@ restricted profile as every container of the pod, with the credentials from
 the job's Secrets in its environment only) copies it into an emptyDir, which
 the evaluation mounts read-only at the same place. The prefix is laid out
 like a claim (``hub/...``); S3 has no symlinks, so a hub cache synced there
-holds file copies in ``snapshots/``, which loads the same.
+holds file copies in ``snapshots/``, which loads the same. The copy trusts
+the image's authorities, the cluster's CA bundles (`poller.jobpod.trust`)
+and the endpoint's own ``s3.caBundle``, mounted for it alone at
+``S3_CA_DIR``; ``verifySSL: false`` needs the poller's leave
+(`trust.insecure_storage_problem`).
 
 A job with offline storage always runs offline: the storage is read-only, so
 nothing could be downloaded into it anyway.
@@ -45,6 +49,8 @@ from typing import Any
 
 from driver import protocol
 from poller import api
+from poller.api.settings import Settings
+from poller.jobpod import trust
 
 __all__ = [
     "FETCH_CONTAINER",
@@ -69,6 +75,8 @@ STORAGE_ROOT = "/cache/storage"
 HUB_CACHE = f"{STORAGE_ROOT}/hub"
 STORAGE_VOLUME = "offline-storage"
 FETCH_CONTAINER = "fetch-storage"
+S3_CA_VOLUME = "s3-ca"
+S3_CA_DIR = "/opt/lmeval/s3-ca"
 
 
 def _storage(spec: api.LMEvalJobSpec) -> api.OfflineStorage | None:
@@ -76,7 +84,8 @@ def _storage(spec: api.LMEvalJobSpec) -> api.OfflineStorage | None:
 
 
 def storage_volumes(spec: api.LMEvalJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The storage's volumes and the evaluation container's mounts of them."""
+    """The storage's volumes (with the S3 endpoint's own CAs, for the fetch
+    container) and the evaluation container's mounts of them."""
     storage = _storage(spec)
     if storage is None:
         return [], []
@@ -86,7 +95,10 @@ def storage_volumes(spec: api.LMEvalJobSpec) -> tuple[list[dict[str, Any]], list
     else:
         volume["emptyDir"] = {}  # filled by the fetch-storage init container
     mount = {"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT, "readOnly": True}
-    return [volume], [mount]
+    volumes = [volume]
+    if storage.s3 is not None and storage.s3.ca_bundle is not None:
+        volumes.append(trust.ca_volume(S3_CA_VOLUME, storage.s3.ca_bundle))
+    return volumes, [mount]
 
 
 def storage_env(spec: api.LMEvalJobSpec) -> list[dict[str, Any]]:
@@ -110,10 +122,13 @@ def _secret_env(name: str, ref: api.SecretKeyRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def fetch_container(spec: api.LMEvalJobSpec, driver: list[str]) -> dict[str, Any] | None:
+def fetch_container(
+    spec: api.LMEvalJobSpec, driver: list[str], settings: Settings
+) -> dict[str, Any] | None:
     """The init container that copies spec.offline.storage.s3 into the storage volume
-    (`driver`: the words that start the driver), without image, security context and
-    resources, which the pod's builder gives every init container alike."""
+    (`driver`: the words that start the driver), trusting the cluster's CA bundles
+    and the endpoint's own, without image, security context and resources, which
+    the pod's builder gives every init container alike."""
     storage = _storage(spec)
     s3 = storage.s3 if storage else None
     if s3 is None:
@@ -126,13 +141,22 @@ def fetch_container(spec: api.LMEvalJobSpec, driver: list[str]) -> dict[str, Any
     ]
     if s3.region is not None:
         env.append(_secret_env("S3_REGION", s3.region))
+    mounts: list[dict[str, Any]] = [{"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT}]
+    ca_bundle = None
+    if s3.ca_bundle is not None:
+        mounts.append({"name": S3_CA_VOLUME, "mountPath": S3_CA_DIR, "readOnly": True})
+        ca_bundle = f"{S3_CA_DIR}/{trust.CA_FILE}"
     return {
         "name": FETCH_CONTAINER,
         "command": protocol.fetch_s3_argv(
-            driver, STORAGE_ROOT, s3.path, verify_ssl=s3.verify_ssl is not False
+            driver,
+            STORAGE_ROOT,
+            s3.path,
+            verify_ssl=s3.verify_ssl is not False,
+            ca_bundle=ca_bundle,
         ),
-        "env": env,
-        "volumeMounts": [{"name": STORAGE_VOLUME, "mountPath": STORAGE_ROOT}],
+        "env": env + trust.cluster_env(settings),
+        "volumeMounts": mounts + trust.cluster_mounts(settings),
     }
 
 

@@ -32,7 +32,7 @@ from poller.api.rules import (
     node_env_name_problem,
 )
 from poller.api.settings import Settings
-from poller.jobpod import gittasks, modeltls, ocioutput, offline
+from poller.jobpod import gittasks, mlflowoutput, modeltls, ocioutput, offline, trust
 from poller.jobpod.argv import CUSTOM_TASKS_ROOT, JobPodError, lm_eval_argv, resources_for
 
 __all__ = [
@@ -313,6 +313,9 @@ def build_pod(
         offline.storage_volumes(spec),
         offline.config_map_volumes(spec),
         ocioutput.oci_volumes(spec),
+        # Only the job's pod (a sharded job's merge pod) exports, and sees the credentials.
+        mlflowoutput.mlflow_volumes(spec) if shard is None else ([], []),
+        (trust.cluster_volumes(settings), trust.cluster_mounts(settings)),
     ):
         volumes, mounts = volumes + extra_volumes, mounts + extra_mounts
     init_containers = _init_containers(spec, settings, run_as_user, volumes, mounts)
@@ -327,7 +330,9 @@ def build_pod(
         # containers nothing may expand (kubelet_literal). The job's sidecars
         # are its own and keep the expansion.
         "containers": [
-            kubelet_literal_container(_main_container(name, uid, spec, settings, mounts, shard)),
+            kubelet_literal_container(
+                _main_container(name, uid, spec, settings, mounts, shard, namespace=namespace)
+            ),
             *_sidecars(spec),
         ],
         "volumes": volumes,
@@ -375,12 +380,14 @@ def _init_containers(
             run_as_user is not None,
             "tmp",
             CUSTOM_TASKS_ROOT,
+            driver=driver_command(settings),
+            job_image=lambda container: _with_profile(container, settings),
         )
     except gittasks.GitPodError as error:
         raise JobPodError(str(error)) from None
-    volumes += gittasks.volumes(spec)
+    volumes += gittasks.volumes(spec, settings)
     mounts += gittasks.main_mounts(spec, CUSTOM_TASKS_ROOT)
-    if (fetch := offline.fetch_container(spec, driver_command(settings))) is not None:
+    if (fetch := offline.fetch_container(spec, driver_command(settings), settings)) is not None:
         init_containers.append(_with_profile(fetch, settings))
     return init_containers
 
@@ -523,13 +530,20 @@ def _main_container(
     settings: Settings,
     mounts: list[dict[str, Any]],
     shard: int | None = None,
+    *,
+    namespace: str,
 ) -> dict[str, Any]:
     """The evaluation container: the driver running lm_eval (a shard's: its part,
-    holding nothing and pushing nothing; the merge pod reports the job's)."""
+    holding, pushing and exporting nothing; the merge pod reports the job's)."""
     # The complete output outlives the pod on the claim, beside the results.
     keeps_log = offline.outputs_claim(spec, name, uid) is not None
     own_name = pod_name(name, uid) if shard is None else shard_pod_name(name, uid, shard)
     oci = ocioutput.driver_options(spec, name, uid) if shard is None else ocioutput.PushOptions()
+    export = (
+        mlflowoutput.driver_options(spec, namespace, name, uid)
+        if shard is None
+        else mlflowoutput.ExportOptions()
+    )
     holds = settings.results_source == "exec" and shard is None
     command = protocol.run_argv(
         driver_command(settings),
@@ -545,6 +559,14 @@ def _main_container(
             oci_subject=oci.subject,
             oci_auth=oci.auth,
             oci_scheme=oci.scheme,
+            oci_ca_bundle=oci.ca_bundle,
+            oci_tls=oci.tls,
+            mlflow_tracking_uri=export.tracking_uri,
+            mlflow_experiment=export.experiment,
+            mlflow_run_name=export.run_name,
+            mlflow_tags=export.tags,
+            mlflow_credentials=export.credentials,
+            mlflow_ca_bundle=export.ca_bundle,
         ),
     )
     main: dict[str, Any] = {
@@ -552,7 +574,9 @@ def _main_container(
         "image": settings.pod_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": _env(spec, settings, bool(settings.driver_image)) + modeltls.tls_env(spec),
+        "env": _env(spec, settings, bool(settings.driver_image))
+        + modeltls.tls_env(spec)
+        + trust.cluster_env(settings),
         "securityContext": restricted_container_context(),
         "volumeMounts": mounts,
         "workingDir": POD_TMP,

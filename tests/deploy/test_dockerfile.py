@@ -507,6 +507,10 @@ def test_poller_image_installs_and_runs(builder: Builder) -> None:
     assert uid.isdigit() and int(uid) != 0 and gid == "0"
 
 
+# The driver's extras the job image installs (the Dockerfile's `pip install "$1[...]"`).
+JOB_EXTRAS = ("eval", "attest", "mlflow")
+
+
 def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
     extra = {} if FULL else {"PIP_NO_DEPS": "1"}
     image = builder.build("job", extra)
@@ -532,8 +536,10 @@ def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
         )
         assert imported.returncode == 0, imported.stderr
         return
-    # Without dependencies installed: every requirement of lmeval-driver[eval]
-    # (lm-eval[api] pinned) is met by the environment the tests run in.
+    # Without dependencies installed: every requirement of the extras the image
+    # installs (lm-eval[api] pinned, cryptography, mlflow-skinny) is met by the
+    # environment the tests run in.
+    assert f'pip install "$1[{",".join(JOB_EXTRAS)}]"' in DOCKERFILE.read_text()
     wheel = zipfile.ZipFile(_wheel(builder.images["build"], "lmeval_driver"))
     metadata_file = f"lmeval_driver-{current_version()}.dist-info/METADATA"
     lines = wheel.read(metadata_file).decode().splitlines()
@@ -542,7 +548,9 @@ def test_job_image_installs_the_driver_and_lm_eval(builder: Builder) -> None:
     unmet = []
     for text in requirements:
         requirement = Requirement(text)
-        if requirement.marker and not requirement.marker.evaluate({"extra": "eval"}):
+        if requirement.marker and not any(
+            requirement.marker.evaluate({"extra": name}) for name in JOB_EXTRAS
+        ):
             continue
         try:
             version = metadata.version(requirement.name)

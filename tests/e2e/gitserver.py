@@ -5,14 +5,18 @@ bare repositories. `GitHttp` serves the same directory through ``git
 http-backend`` (the smart HTTP protocol, run as a CGI program per request, as
 Apache or nginx would run it) behind Python's ``http.server``, which demands
 HTTP basic authentication first: a request without the right user and
-password gets 401 and never reaches git. Both are started and stopped by the
-tests; nothing here imitates git.
+password gets 401 and never reaches git. With `tls` (a certificate chain and
+key, e.g. `lmeval_sandbox.pki.service_serving_chain`'s) `GitHttp` speaks
+HTTPS, on `host`, which the certificate must name: a clone then succeeds only
+when git trusts the chain's CA. Both are started and stopped by the tests;
+nothing here imitates git.
 """
 
 from __future__ import annotations
 
 import base64
 import socket
+import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -155,12 +159,27 @@ class _Server(ThreadingHTTPServer):
 
 
 class GitHttp:
-    """Smart HTTP (``git http-backend``) behind basic auth `user:password`, on 127.0.0.1."""
+    """Smart HTTP (``git http-backend``) behind basic auth `user:password`, on `host`
+    (127.0.0.1); HTTPS with `tls` (certificate chain, key)."""
 
-    def __init__(self, root: Path, user: str, password: str) -> None:
-        self.server = _Server(("127.0.0.1", 0), _Handler)
+    def __init__(
+        self,
+        root: Path,
+        user: str,
+        password: str,
+        host: str = "127.0.0.1",
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        self.server = _Server((host, 0), _Handler)
         self.server.root = root
         self.server.credentials = f"{user}:{password}"
+        self.host, self.scheme = host, "https" if tls is not None else "http"
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(tls[0]), str(tls[1]))
+            # The handshake happens on accept; a client that refuses the
+            # certificate fails it there, and the server goes on.
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -174,7 +193,7 @@ class GitHttp:
         return self.server.refused
 
     def url(self, repo: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{repo}"
+        return f"{self.scheme}://{self.host}:{self.port}/{repo}"
 
     def __enter__(self) -> GitHttp:
         self.thread.start()

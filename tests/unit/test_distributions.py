@@ -50,6 +50,7 @@ def test_the_development_distribution_requires_what_the_operator_does() -> None:
 def test_its_extras_are_the_drivers_and_the_clis_requirements() -> None:
     extras = DEVELOPMENT["optional-dependencies"]
     assert _theirs(extras["eval"]) == _theirs(DRIVER["optional-dependencies"]["eval"])
+    assert _theirs(extras["mlflow"]) == _theirs(DRIVER["optional-dependencies"]["mlflow"])
     assert _theirs(extras["cli"]) == _theirs(CLI["dependencies"])
 
 

@@ -146,7 +146,7 @@ def test_the_settings_table_has_every_key_with_its_default_and_bounds() -> None:
         row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
         assert docs._cell(info.description or "") in row
     rows = {line.split(" | ")[0]: line for line in table.splitlines()}
-    assert "| `10s` | 500ms to 1h |" in rows["| `poll-interval`"]
+    assert "| `2s` | 500ms to 1h |" in rows["| `poll-interval`"]
     assert "one of `Always`, `IfNotPresent`, `Never`" in rows["| `image-pull-policy`"]
     assert "`LMEVAL_DEFAULT_POD_IMAGE`" in rows["| `pod-image`"]
     keys = [line.split(" | ")[0] for line in table.splitlines()[2:]]

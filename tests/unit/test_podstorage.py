@@ -109,7 +109,8 @@ S3 = {
 
 
 def test_s3_is_copied_by_a_restricted_init_container_into_an_empty_dir() -> None:
-    pod = _pod(_spec(offline=S3))
+    # verifySSL: false, which the setting allows here (tests/unit/test_trust_pods.py: refused).
+    pod = _pod(_spec(offline=S3), Settings(allow_insecure_storage_endpoints=True))
     [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == podstorage.STORAGE_VOLUME]
     assert volume == {"name": "offline-storage", "emptyDir": {}}
     [fetch] = pod["spec"]["initContainers"]
@@ -140,7 +141,9 @@ def test_s3_is_copied_by_a_restricted_init_container_into_an_empty_dir() -> None
 
 
 def test_s3_with_a_copied_driver_runs_after_it_and_imports_it() -> None:
-    settings = Settings(driver_image="registry.example/driver:1")
+    settings = Settings(
+        driver_image="registry.example/driver:1", allow_insecure_storage_endpoints=True
+    )
     pod = _pod(_spec(offline=S3), settings)
     names = [c["name"] for c in pod["spec"]["initContainers"]]
     assert names == ["install-driver", podstorage.FETCH_CONTAINER]

@@ -719,7 +719,7 @@ def render_settings() -> str:
         default = info.get_default(call_default_factory=True)
         if default is PydanticUndefined or default is None:
             shown = "unset"
-        elif default == "" or default == {}:
+        elif default == "" or default == {} or default == []:
             shown = "empty"
         elif isinstance(default, bool):
             shown = _code(str(default).lower())

@@ -30,7 +30,9 @@ model weights:
 
 Use ``ModelServer`` as a context manager, or run
 ``python -m lmeval_sandbox.model_server --port N`` standalone. It refuses to
-bind anything but a loopback address.
+bind anything but a loopback address, except, with ``--pod-ip``, the private
+address of the pod it runs in (a real node's pod, behind a Service: the
+address lives in the pod's own network namespace on the node's bridge).
 
 Request and response shapes follow lm_eval 0.4.13
 (``lm_eval/models/openai_completions.py``, ``api_models.py`` and
@@ -134,10 +136,11 @@ class ModelServer:
         wrong_share: float = 0.0,
         wrong_text: str = "I do not know",
         hold_file: str | None = None,
+        pod_ip: bool = False,
     ) -> None:
         if not 0.0 <= wrong_share <= 1.0:
             raise ValueError(f"wrong_share must be between 0 and 1, not {wrong_share}")
-        self.host = _loopback_only(host)
+        self.host = _pod_ip(host) if pod_ip else _loopback_only(host)
         self.wrong_share = wrong_share
         self.wrong_text = wrong_text
         self.tls = tls
@@ -403,6 +406,15 @@ def _loopback_only(host: str) -> str:
     raise ValueError(f"model server binds loopback addresses only, not {host!r}")
 
 
+def _pod_ip(host: str) -> str:
+    try:
+        if ipaddress.ip_address(host).is_private:
+            return host
+    except ValueError:
+        pass
+    raise ValueError(f"--pod-ip: {host!r} is not a private address (a pod's own)")
+
+
 class _QuietServer(ThreadingHTTPServer):
     """A client that hangs up (lm_eval killed mid-request) is not an error."""
 
@@ -515,6 +527,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--hold-file", help="hold every completion until this file exists (tests' gate)"
     )
+    parser.add_argument(
+        "--pod-ip",
+        action="store_true",
+        help="--host is the pod's own private address (a Service's endpoint), not loopback",
+    )
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
@@ -530,6 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrong_share=args.wrong_share,
         wrong_text=args.wrong_text,
         hold_file=args.hold_file,
+        pod_ip=args.pod_ip,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

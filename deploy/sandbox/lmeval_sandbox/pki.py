@@ -26,10 +26,12 @@ _VALIDITY = dt.timedelta(days=30)
 __all__ = [
     "CertPair",
     "Pki",
+    "ServiceChain",
     "issue_cert",
     "issue_client_cert",
     "make_pki",
     "make_webhook_pki",
+    "service_serving_chain",
     "serving_ca",
 ]
 
@@ -307,3 +309,132 @@ def make_webhook_pki(
     subject = _name(server_names[0])
     server = _sign(cert, key, directory, "tls", subject, False, server_names, validity)
     return ca, server
+
+
+@dataclass(frozen=True)
+class ServiceChain:
+    """A root CA, an intermediate it signed, and a serving certificate the
+    intermediate signed, as files: what an OpenShift service CA issues.
+
+    `root` is what a trusted bundle holds (an ``openshift-service-ca.crt`` or
+    ``odh-trusted-ca-bundle`` ConfigMap's key, a job's ``caBundle``);
+    `served` is what the server presents, the leaf then the intermediate
+    (``tls.crt`` of a ``kubernetes.io/tls`` Secret), with its key `key`.
+    """
+
+    root: Path
+    intermediate: Path
+    leaf: Path
+    served: Path
+    key: Path
+
+
+def _ca_usage() -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def service_serving_chain(
+    directory: Path,
+    dns_names: tuple[str, ...] = (),
+    ips: tuple[str, ...] = (),
+    validity: dt.timedelta = _VALIDITY,
+) -> ServiceChain:
+    """A fresh root -> intermediate -> leaf chain in `directory`, the leaf
+    serving `dns_names` (e.g. ``model.team.svc``) and `ips`.
+
+    Shaped like OpenShift's service-serving certificates: the root alone is
+    trusted (nothing else trusts it), the server presents the leaf and the
+    intermediate, so a client succeeds only when the root is in its trust
+    store and it builds the chain through the intermediate. Every certificate
+    carries subject and authority key identifiers, and the leaf a key usage
+    and serverAuth, which strict verifiers (OpenSSL's X509_V_FLAG_X509_STRICT,
+    Python 3.13's default) require.
+    """
+    if not dns_names and not ips:
+        raise ValueError("a serving certificate needs at least one DNS name or IP")
+    directory.mkdir(parents=True, exist_ok=True)
+    now = timefmt.now()
+    start, end = now - dt.timedelta(minutes=5), now + validity
+
+    def certificate(
+        subject: x509.Name,
+        key: ec.EllipticCurvePrivateKey,
+        issuer: x509.Name,
+        issuer_key: ec.EllipticCurvePrivateKey,
+        ca: bool,
+        path_length: int | None,
+    ) -> x509.CertificateBuilder:
+        return (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=path_length), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), False
+            )
+        )
+
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    root_name = _name("lmeval-service-serving-signer")
+    root = (
+        certificate(root_name, root_key, root_name, root_key, True, 1)
+        .add_extension(_ca_usage(), critical=True)
+        .sign(root_key, hashes.SHA256())
+    )
+    middle_key = ec.generate_private_key(ec.SECP256R1())
+    middle_name = _name("lmeval-service-serving-intermediate")
+    middle = (
+        certificate(middle_name, middle_key, root_name, root_key, True, 0)
+        .add_extension(_ca_usage(), critical=True)
+        .sign(root_key, hashes.SHA256())
+    )
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (
+        certificate(_name((dns_names or ips)[0]), leaf_key, middle_name, middle_key, False, None)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_alt_names((*dns_names, *ips))), critical=False)
+        .sign(middle_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    chain = ServiceChain(
+        root=directory / "ca.crt",
+        intermediate=directory / "intermediate.crt",
+        leaf=directory / "leaf.crt",
+        served=directory / "tls.crt",
+        key=directory / "tls.key",
+    )
+    chain.root.write_bytes(root.public_bytes(pem))
+    chain.intermediate.write_bytes(middle.public_bytes(pem))
+    chain.leaf.write_bytes(leaf.public_bytes(pem))
+    chain.served.write_bytes(leaf.public_bytes(pem) + middle.public_bytes(pem))
+    _write_key(chain.key, leaf_key)
+    return chain

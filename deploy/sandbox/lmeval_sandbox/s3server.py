@@ -10,6 +10,13 @@ and Prometheus (``lmeval_sandbox.build``), the binary is built from the
 pinned module in ``deploy/sandbox/s3`` and cached outside the clone, keyed by
 the module files, the link flags and the Go version; ``LMEVAL_VERSITYGW``
 names a ready binary instead.
+
+With `tls` (a certificate chain and its key, e.g. `pki.service_serving_chain`'s
+``served`` and ``key``) the server speaks HTTPS only (versitygw's ``--cert``
+and ``--key``), so a client must trust the chain's CA: what the tests of
+``offline.storage.s3.caBundle`` and the setting ``trusted-ca-bundles`` need.
+Bound to `host`, which the certificate must name (the real node's pods reach
+the bridge address).
 """
 
 from __future__ import annotations
@@ -75,8 +82,9 @@ class S3Server:
         access_key: str = "lmeval",
         secret_key: str | None = None,
         host: str = "127.0.0.1",
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
-        self.root, self.host = root, host
+        self.root, self.host, self.tls = root, host, tls
         self.access_key = access_key
         self.secret_key = secret_key or secrets.token_hex(16)
         self.port = 0
@@ -85,7 +93,8 @@ class S3Server:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     def bucket(self, name: str) -> Path:
         """The directory of bucket `name` (created)."""
@@ -102,9 +111,13 @@ class S3Server:
             "ROOT_ACCESS_KEY_ID": self.access_key,
             "ROOT_SECRET_ACCESS_KEY": self.secret_key,
         }
+        argv = [str(binary), "--port", f"{self.host}:{self.port}"]
+        if self.tls is not None:
+            cert, key = self.tls
+            argv += ["--cert", str(cert), "--key", str(key)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(binary), "--port", f"{self.host}:{self.port}", "posix", str(self.root)],
+                [*argv, "posix", str(self.root)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
