@@ -15,11 +15,13 @@ left exactly as listed.
 
 Jobs with something to read or do run on a few threads at once, since one
 job's requests never depend on another's. Log reads for a running job's
-progress only come after every other job's transitions, within a per-cycle
-budget and a per-job rate limit, so that a job whose pod just ended never
-waits behind dozens of them. Jobs are independent: an exception while
-handling one is counted, retried within bounds, and then ends that job
-(`poller.cycle.poison`); the cycle goes on with the next.
+progress only come after every other job's transitions, within a budget
+that accrues per minute (capped per cycle, so that a short poll-interval
+makes cycles more frequent, not log reads) and a per-job rate limit, so
+that a job whose pod just ended never waits behind dozens of them. Jobs
+are independent: an exception while handling one is counted, retried
+within bounds, and then ends that job (`poller.cycle.poison`); the cycle
+goes on with the next.
 
 After the cycle, every job decided in it that is Complete goes to the store
 of finished jobs (`poller.cycle.retained`) and every other one leaves it; a
@@ -30,7 +32,8 @@ the cycle its due TTLs; the sweep (`poller.cycle.sweep`, its own cadence, see
 
 The cluster is the state. Between cycles the poller keeps only the
 settings' last good values, when each running job's progress was last read
-(a rate limiter), each job's view by resourceVersion (`poller.cycle.observe`),
+and the progress reads accrued per minute and not yet made (rate
+limiters), each job's view by resourceVersion (`poller.cycle.observe`),
 the count of each job's consecutive failures and the store of finished
 jobs, which a restart rebuilds from the first sweep.
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -157,6 +161,10 @@ class Reconciler:
         # When each running job's log was last read for progress (monotonic
         # seconds): a rate limiter only, so losing it on restart is harmless.
         self._progress_read_at: dict[str, float] = {}
+        # Progress reads accrued at progress-reads-per-minute and not yet made,
+        # and when they were last counted (monotonic): a rate limiter too.
+        self._progress_credit = 0.0
+        self._progress_counted_at: float | None = None
         # Consecutive failures per job (poller.cycle.poison): bounded retries, then Failed.
         self._failures = poison.FailureLedger()
         # The key that proves which pods this poller made (poller.cycle.podproof);
@@ -222,7 +230,7 @@ class Reconciler:
         # Jobs whose only need is a progress read (within the budget), for after
         # the transitions: (index into outcomes, as listed, when first looked at, needs).
         progress: list[tuple[int, Observed, dt.datetime, Needs]] = []
-        budget = settings.progress_reads_per_cycle
+        budget = self._progress_budget(settings, time.monotonic())
         with ThreadPoolExecutor(ACTION_WORKERS, thread_name_prefix="lmeval-act") as pool:
             for job in jobs:
                 if not self.may_act():
@@ -256,6 +264,7 @@ class Reconciler:
                 report.skipped = True
                 break
             report.snapshot[index] = self._handle_safely(listed, settings, now, needs, report)
+        self._progress_credit = max(0.0, self._progress_credit - len(progress))
         self._forget_progress(pods_by_job)
         self._failures.forget_except({job.uid for job in jobs})
         self._keep_finished(report, jobs, acted)
@@ -373,6 +382,29 @@ class Reconciler:
         where = f"{meta.get('namespace')}/{meta.get('name')}"
         report.add_error(f"{where}: {error}")
         log.error("error handling LMEvalJob %s: %s", where, error, exc_info=error)
+
+    def _progress_budget(self, settings: Settings, now: float) -> int:
+        """Progress reads this cycle may make: what progress-reads-per-minute accrued
+        since the last cycle (a first cycle: a whole cycle's worth), at most
+        progress-reads-per-cycle. Per minute rather than per cycle, so that a
+        shorter poll-interval makes cycles more frequent, not log reads."""
+        cap = float(settings.progress_reads_per_cycle)
+        if settings.progress_reads_per_minute == 0:
+            credit = 0.0
+        elif self._progress_counted_at is None:
+            credit = cap
+        else:
+            accrued = (now - self._progress_counted_at) * settings.progress_reads_per_minute / 60
+            credit = self._progress_credit + accrued
+        self._progress_credit = min(cap, credit)
+        self._progress_counted_at = now
+        return math.floor(self._progress_credit)
+
+    def new_job_waits(self) -> bool:
+        """Whether a job has appeared since the last cycle that the next one would
+        start (`Observer.new_job_waits`); False on a replica that may not act.
+        Raises when the LIST fails."""
+        return self.may_act() and self.observer.new_job_waits()
 
     def _progress_due(self, job: JobView, pod: PodView | None, settings: Settings) -> bool:
         if pod is None or pod.main.state != "running":

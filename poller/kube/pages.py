@@ -131,11 +131,15 @@ def paged(
     while True:
         # The quick pass: the list's metadata (its continue token), and with
         # `unchanged` each item's metadata too, in the same parse.
-        quick = (METADATA_PAGE if unchanged is not None else METADATA_ONLY).validate_json(raw)
+        # A metadata LIST's page is all metadata: the quick pass is the whole one.
+        slim_page = unchanged is not None or page is METADATA_PAGE
+        quick = (METADATA_PAGE if slim_page else METADATA_ONLY).validate_json(raw)
         token = (quick.get("metadata") or {}).get("continue")
         following = _Prefetch(fetch, token) if token else None
         items: list[dict[str, Any]] | None = None
-        if unchanged is not None:
+        if page is METADATA_PAGE:
+            items = quick.get("items") or []
+        elif unchanged is not None:
             slim: list[dict[str, Any]] = quick.get("items") or []
             if all(unchanged(item.get("metadata") or ObjectMetadata()) for item in slim):
                 items = slim

@@ -762,8 +762,10 @@ class Bench:
     def settle(self, max_cycles: int = 40) -> int:
         """Reconciler cycles until one writes nothing; returns the cycles run."""
         # Read every running job's progress once, now, not during the measurements
-        # (1000 a cycle: the setting's upper bound).
-        self.put_settings(**{"progress-reads-per-cycle": "1000"})
+        # (1000 a cycle: the setting's upper bound; per minute, as many as that takes).
+        self.put_settings(
+            **{"progress-reads-per-cycle": "1000", "progress-reads-per-minute": "60000"}
+        )
         try:
             for cycle in range(1, max_cycles + 1):
                 self.poller.kube.transport.user_agent = "lmeval-poller/bench-settle"
@@ -779,6 +781,7 @@ class Bench:
                 if not report.patches and not report.pods_created and not report.errors:
                     return cycle
         finally:
+            self.settings.pop("progress-reads-per-minute", None)
             self.put_settings(**{"progress-reads-per-cycle": "50"})
         raise AssertionError(f"the poller did not settle in {max_cycles} cycles")
 
@@ -1399,6 +1402,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="also N jobs, half running, half finished: the service's CPU per idle minute",
     )
+    grid = parser.add_argument_group(
+        "interval grid (tests/bench/intervals.py; replaces the sizes above when given)"
+    )
+    grid.add_argument(
+        "--grid", default="", help="job counts, half running, ascending, e.g. 1000,5000"
+    )
+    grid.add_argument(
+        "--intervals", default="1,2,3,5,10", help="poll intervals (s) measured at each count"
+    )
+    grid.add_argument(
+        "--creation-jobs", type=int, default=20, help="jobs created one by one (creation -> pod)"
+    )
+    grid.add_argument("--burst", type=int, default=200, help="jobs created at once (0: none)")
+    grid.add_argument(
+        "--new-job-check-interval",
+        default="",
+        help="set this new-job-check-interval (e.g. 0: the check off); default: the built-in",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--profile", default=None, help="pyinstrument profiles into this dir")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -1413,6 +1434,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.spread = min(args.spread, 15.0)
     args.size_list = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     args.history_list = sorted({int(s) for s in args.history.split(",") if s.strip()})
+    args.grid_list = sorted({int(s) for s in args.grid.split(",") if s.strip()})
+    args.interval_list = [float(s) for s in args.intervals.split(",") if s.strip()]
     return args
 
 
@@ -1438,6 +1461,11 @@ def write_json(path: Path, args: argparse.Namespace, results: Any, missed: list[
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.grid_list:
+        sys.modules.setdefault("bench_cycle", sys.modules[__name__])
+        import intervals  # tests/bench/intervals.py
+
+        return intervals.main(args)
     if args.history_list or args.half_running:
         # Run as a script this module is __main__: history.py's
         # `from bench_cycle import ...` must find it, not load a second copy.

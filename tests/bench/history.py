@@ -293,7 +293,13 @@ def idle_minute(bench: Bench, tag: str, interval: float) -> dict[str, Any]:
     `progress-reads-per-cycle` logs a cycle, which scales with running jobs).
     """
     args = bench.args
-    bench.put_settings(**{"poll-interval": f"{interval:g}s", "progress-reads-per-cycle": "1000"})
+    bench.put_settings(
+        **{
+            "poll-interval": f"{interval:g}s",
+            "progress-reads-per-cycle": "1000",
+            "progress-reads-per-minute": "60000",
+        }
+    )
     try:
         with service(bench, tag) as (proc, port, log_path):
             wait_alive(proc, args.warmup_seconds, log_path)
@@ -305,6 +311,7 @@ def idle_minute(bench: Bench, tag: str, interval: float) -> dict[str, Any]:
                     if time.monotonic() - started > 1800:
                         raise AssertionError("the sweep's first round did not end in 30 min")
                     wait_alive(proc, 2.0, log_path)
+            bench.settings.pop("progress-reads-per-minute", None)
             bench.put_settings(**{"progress-reads-per-cycle": "50"})
             deadline = time.monotonic() + 900
             while True:
@@ -345,6 +352,7 @@ def idle_minute(bench: Bench, tag: str, interval: float) -> dict[str, Any]:
             if began_at <= call.timestamp <= ended_at
         ]
     finally:
+        bench.settings.pop("progress-reads-per-minute", None)
         bench.put_settings(
             **{"poll-interval": BASE_SETTINGS["poll-interval"], "progress-reads-per-cycle": "50"}
         )

@@ -384,7 +384,15 @@ class _RecordingKube(Kube):
 def test_progress_reads_are_capped_and_wait_for_transitions(
     poller: Reconciler, jobs: Jobs, admin_api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    _settings(admin_api, **{"progress-interval": "1h", "progress-reads-per-cycle": "1"})
+    # One a cycle; per minute more than these cycles ever accrue a need for.
+    _settings(
+        admin_api,
+        **{
+            "progress-interval": "1h",
+            "progress-reads-per-cycle": "1",
+            "progress-reads-per-minute": "60000",
+        },
+    )
     pods = {}
     for name in ("p-a", "p-b", "z-done"):
         jobs.create(name)
