@@ -69,6 +69,8 @@ class PollingService:
         self.cycling = threading.Event()
         # Cycles the check brought forward (for logs and tests).
         self.brought_forward = 0
+        # Whether the last check failed: a failing check warns once, not every tick.
+        self.check_failing = False
         # The sweep runs on its own job (see the module docstring).
         poller.sweep_in_cycle = False
 
@@ -108,8 +110,14 @@ class PollingService:
         try:
             waits = self.poller.new_job_waits()
         except Exception as error:  # the scheduler must keep going
-            log.warning("check for new jobs failed: %s", error)
+            # Once per outage, not every second: the cycle's own errors say the rest.
+            if not self.check_failing:
+                log.warning("check for new jobs failed (said once until it works): %s", error)
+            self.check_failing = True
             return
+        if self.check_failing:
+            log.info("check for new jobs works again")
+            self.check_failing = False
         if not waits or self.cycling.is_set() or self.stopped.is_set():
             return
         log.debug("a new job waits: cycling now")

@@ -11,6 +11,7 @@ and follows new-job-check-interval live (0 pauses the check).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -222,3 +223,27 @@ def test_the_check_follows_its_setting_live(
     poller.tracker.update({"new-job-check-interval": "500ms"})
     polling._follow_check_interval()
     assert scheduler.calls == [("pause", NEW_JOBS_ID, None), ("reschedule", NEW_JOBS_ID, 0.5)]
+
+
+def test_a_failing_check_warns_once_until_it_works_again(
+    service: tuple[PollingService, StubPoller, StubScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    polling, poller, scheduler = service
+    failures = iter([True, True, True, False])
+
+    def waits() -> bool:
+        if next(failures):
+            raise ConnectionError("apiserver down")
+        return False
+
+    poller.new_job_waits = waits  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="poller.service"):
+        for _ in range(4):
+            polling._check_new_jobs()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("WARNING", "check for new jobs failed (said once until it works): apiserver down"),
+        ("INFO", "check for new jobs works again"),
+    ]
+    assert scheduler.calls == [] and not polling.check_failing
