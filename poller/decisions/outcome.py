@@ -54,6 +54,7 @@ __all__ = [
     "first_results_window",
     "holding",
     "next_results_window",
+    "record_exports",
     "record_mlflow_run",
     "record_provenance",
     "record_results_artifact",
@@ -218,8 +219,7 @@ def complete(
         draft.progress(decoded.last_progress)
     if not actions:  # no results: the provenance of what ran (_store_results records it else)
         record_provenance(pod, decoded, draft)
-    record_results_artifact(job, outcome, draft)
-    record_mlflow_run(job, outcome, draft)
+    record_exports(job, outcome, draft)
     return Decision(draft.actions(before=actions))
 
 
@@ -399,6 +399,13 @@ def record_mlflow_run(job: JobView, outcome: Outcome | None, draft: StatusDraft)
     draft.condition(C.RESULTS_EXPORTED, False, "ExportFailed", error)
 
 
+def record_exports(job: JobView, outcome: Outcome | None, draft: StatusDraft) -> None:
+    """Every output the driver sends after a completed run: OCI, then MLflow.
+    (Each writes its own condition with literal reasons, which the docs read.)"""
+    record_results_artifact(job, outcome, draft)
+    record_mlflow_run(job, outcome, draft)
+
+
 def _results_window(log: LogView) -> int | None:
     """The window of lines to read next for results missing from `log`, or None.
 
@@ -535,8 +542,7 @@ def holding(
             actions.append(_store_results(job, pod, draft, found, source, log.decoded))
     # Recorded now: once its results are read, the terminated container's
     # outcome (`complete`) is not read from the log again.
-    record_results_artifact(job, outcome, draft)
-    record_mlflow_run(job, outcome, draft)
+    record_exports(job, outcome, draft)
     release = protocol.release_argv(podspec.driver_command(settings))
     actions.append(ReleaseHold(pod.name, podspec.MAIN_CONTAINER, tuple(release)))
     return actions
